@@ -1,0 +1,128 @@
+"""Routing as a pipeline of small plugins: filters, weighted scorers, a picker.
+
+Each scorer is a pure function of (request, candidate views) -> one score per candidate,
+higher is better, in [0, 1]. A policy sums them with the weights from config and hands
+the totals to a picker. The live router, the emulator benchmarks and the offline replay
+all call the same ``Policy.choose``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from router.state.base import Load, Snapshot
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """The routing-relevant facts of one request (no prompt text)."""
+
+    id: str
+    keys: tuple[int, ...]
+    prompt_tokens: int
+    max_tokens: int
+    block_tokens: int
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Static facts about an instance that scorers may use."""
+
+    id: str
+    cache_tokens: int = 500_000
+    prefill_tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class View:
+    """A candidate as a policy sees it for one request."""
+
+    candidate: Candidate
+    matched_blocks: int
+    load: Load
+
+    @property
+    def id(self) -> str:
+        return self.candidate.id
+
+    def cached_tokens(self, req: RouteRequest) -> int:
+        return min(req.prompt_tokens, self.matched_blocks * req.block_tokens)
+
+
+@dataclass(frozen=True)
+class Decision:
+    instance: str
+    acceptable: frozenset[str]  # near-ties the picker chose among
+    reason: str  # which rule decided, for metrics and /debug/route
+    scores: dict[str, float] = field(default_factory=dict)
+    terms: dict[str, dict[str, float]] = field(default_factory=dict)  # per-instance cost terms
+
+
+class Filter(Protocol):
+    name: str
+
+    def keep(self, req: RouteRequest, views: Sequence[View]) -> list[View]: ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]: ...
+
+
+class Picker(Protocol):
+    def pick(self, views: Sequence[View], totals: Sequence[float]) -> tuple[str, frozenset[str]]: ...
+
+
+class Policy(Protocol):
+    name: str
+    revisable: bool
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision: ...
+
+
+def build_views(candidates: Sequence[Candidate], snap: Snapshot) -> list[View]:
+    return [View(c, snap.matched.get(c.id, 0), snap.loads.get(c.id, Load())) for c in candidates]
+
+
+class Pipeline:
+    """Filters, then the weighted sum of scorers, then the picker."""
+
+    def __init__(
+        self,
+        name: str,
+        scorers: Sequence[tuple[Scorer, float]],
+        picker: Picker,
+        filters: Sequence[Filter] = (),
+        *,
+        revisable: bool = True,
+    ) -> None:
+        self.name = name
+        # False for load-blind policies (round robin, random): re-running them on a fresher
+        # view would only advance their counters.
+        self.revisable = revisable
+        self._scorers = list(scorers)
+        self._picker = picker
+        self._filters = list(filters)
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision:
+        if not candidates:
+            raise ValueError("no candidates")
+        views = build_views(candidates, snap)
+        reason = "score"
+        for flt in self._filters:
+            kept = flt.keep(req, views)
+            if kept and len(kept) < len(views):
+                views, reason = kept, f"score after {flt.name}"
+        totals = [0.0] * len(views)
+        per_scorer: dict[str, list[float]] = {}
+        for scorer, weight in self._scorers:
+            values = scorer.score(req, views)
+            per_scorer[scorer.name] = values
+            totals = [t + weight * v for t, v in zip(totals, values)]
+        chosen, acceptable = self._picker.pick(views, totals)
+        terms = {v.id: {name: vals[i] for name, vals in per_scorer.items()} for i, v in enumerate(views)}
+        scores = {v.id: totals[i] for i, v in enumerate(views)}
+        return Decision(chosen, acceptable, reason, scores, terms)

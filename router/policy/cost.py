@@ -1,0 +1,47 @@
+"""TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
+
+    ttft = queue + prefill + interference
+    queue        = booked prefill tokens ahead / prefill rate
+    prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
+    interference = per-request delay * requests in flight (decode steps share the GPU)
+
+The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
+c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
+instance when declared (or calibrated), else the configured default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config import TTFTWeights
+from router.policy.base import RouteRequest, View
+
+
+@dataclass(frozen=True)
+class TTFTTerms:
+    queue_s: float
+    prefill_s: float
+    interference_s: float
+    uncached_tokens: int
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.prefill_s + self.interference_s
+
+
+def prefill_seconds(uncached: int, prompt: int, rate: float, weights: TTFTWeights) -> float:
+    cached = prompt - uncached
+    attention = weights.attention_s_per_token2 * (prompt * prompt - cached * cached) / 2
+    return weights.request_overhead_s + uncached / rate + attention
+
+
+def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
+    rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
+    uncached = req.prompt_tokens - view.cached_tokens(req)
+    return TTFTTerms(
+        queue_s=view.load.prefill_tokens / rate,
+        prefill_s=prefill_seconds(uncached, req.prompt_tokens, rate, weights),
+        interference_s=weights.decode_interference_s * view.load.requests,
+        uncached_tokens=uncached,
+    )

@@ -1,0 +1,89 @@
+"""The state store contract: residency ("who holds which leading blocks") and booked load.
+
+A routing decision is ``decide(keys, instances, choose)``: the store hands ``choose`` a
+snapshot, ``choose`` (the policy) returns a Booking, and the store books it, all as one
+atomic step from the point of view of other decisions. Booking at decision time is what
+keeps a burst of identical prefixes from seeing stale scores and herding.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Load:
+    """Load booked on one instance by routers (never scraped, so never stale)."""
+
+    requests: int = 0  # requests in flight
+    prefill_tokens: int = 0  # uncached prompt tokens not yet prefilled (released at first byte)
+    kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What a policy sees: leading cached blocks and booked load per candidate instance."""
+
+    matched: dict[str, int]
+    loads: dict[str, Load]
+
+
+@dataclass(frozen=True)
+class Booking:
+    """A decision's footprint: load booked on ``instance`` and the prefix recorded there."""
+
+    id: str
+    instance: str
+    prefill_tokens: int
+    kv_tokens: int
+    keys: tuple[int, ...] = ()
+
+
+class Chooser(Protocol):
+    """The policy side of a decision, bound to one request."""
+
+    def __call__(self, snap: Snapshot) -> Booking:
+        """Pick on ``snap`` and describe the booking."""
+        ...
+
+    def revise(self, snap: Snapshot, booking: Booking) -> Booking | None:
+        """Given a fresher ``snap``, return a better booking, or None to keep ``booking``."""
+        ...
+
+
+class StateStore(abc.ABC):
+    """Residency and load, in memory or shared through Redis; both pass tests/state/."""
+
+    async def start(self) -> None:
+        """Connect and start background work (lease refresh)."""
+
+    async def close(self) -> None:
+        """Stop background work and disconnect."""
+
+    @abc.abstractmethod
+    async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
+        """Read-only view for ``keys`` over ``instances`` (used by /debug and tests)."""
+
+    @abc.abstractmethod
+    async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
+        """Look up, let ``choose`` pick, book the pick and record its prefix; return both."""
+
+    @abc.abstractmethod
+    async def prefill_done(self, booking: Booking) -> None:
+        """The first byte arrived: the booked prefill tokens no longer queue. Idempotent."""
+
+    @abc.abstractmethod
+    async def release(self, booking: Booking) -> None:
+        """The request ended (any way): drop all its load. Idempotent."""
+
+    @abc.abstractmethod
+    async def forget_instance(self, instance: str) -> None:
+        """Drop an instance's residency (it restarted or left): its cache is gone."""
+
+    @property
+    def round_trips(self) -> int:
+        """Network round trips made so far (0 for in-process stores)."""
+        return 0

@@ -1,0 +1,2 @@
+local now = now_ms()
+return cjson.encode(lookup(A.instances, A.keys, now))

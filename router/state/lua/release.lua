@@ -1,0 +1,1 @@
+return drop_booking(A.id)

@@ -1,0 +1,90 @@
+"""The embedded default store: one router process, no network.
+
+Every method runs without yielding to the event loop, so a decision (look up, choose,
+book) is atomic with respect to every other request in the process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
+from router.state.residency import ResidencyIndex
+
+
+class MemoryStore(StateStore):
+    def __init__(
+        self,
+        caps: Mapping[str, int],
+        residency_ttl_s: float = 600.0,
+        default_cap: int = 8192,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._caps = dict(caps)
+        self._default_cap = default_cap
+        self._clock = clock
+        self._residency = ResidencyIndex(residency_ttl_s)
+        self._loads: dict[str, list[int]] = {}  # instance -> [requests, prefill_tokens, kv_tokens]
+        self._bookings: dict[str, Booking] = {}
+        self._prefilled: set[str] = set()
+
+    # -- reads ---------------------------------------------------------------------------
+    def _snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
+        matched = self._residency.matched(keys, instances, self._clock())
+        loads = {i: Load(*self._loads[i]) if i in self._loads else Load() for i in instances}
+        return Snapshot(matched, loads)
+
+    async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
+        return self._snapshot(keys, instances)
+
+    def residency_size(self, instance: str) -> int:
+        return self._residency.size(instance)
+
+    # -- writes --------------------------------------------------------------------------
+    async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
+        snap = self._snapshot(keys, instances)
+        booking = choose(snap)
+        self.book(booking)
+        return snap, booking
+
+    def book(self, booking: Booking) -> None:
+        """Apply a booking (also used by the Redis store to keep its local mirror)."""
+        if booking.id in self._bookings:
+            return
+        self._bookings[booking.id] = booking
+        self._add(booking.instance, 1, booking.prefill_tokens, booking.kv_tokens)
+        if booking.keys:
+            cap = self._caps.get(booking.instance, self._default_cap)
+            self._residency.record(booking.instance, booking.keys, cap, self._clock())
+
+    def record_residency(self, instance: str, keys: Sequence[int]) -> None:
+        cap = self._caps.get(instance, self._default_cap)
+        self._residency.record(instance, keys, cap, self._clock())
+
+    def unrecord_residency(self, instance: str, keys: Sequence[int]) -> None:
+        self._residency.unrecord(instance, keys)
+
+    def set_load(self, instance: str, load: Load) -> None:
+        self._loads[instance] = [load.requests, load.prefill_tokens, load.kv_tokens]
+
+    async def prefill_done(self, booking: Booking) -> None:
+        if booking.id in self._bookings and booking.id not in self._prefilled:
+            self._prefilled.add(booking.id)
+            self._add(booking.instance, 0, -booking.prefill_tokens, 0)
+
+    async def release(self, booking: Booking) -> None:
+        if self._bookings.pop(booking.id, None) is None:
+            return
+        pending_prefill = 0 if booking.id in self._prefilled else booking.prefill_tokens
+        self._prefilled.discard(booking.id)
+        self._add(booking.instance, -1, -pending_prefill, -booking.kv_tokens)
+
+    async def forget_instance(self, instance: str) -> None:
+        self._residency.forget(instance)
+
+    def _add(self, instance: str, requests: int, prefill: int, kv: int) -> None:
+        load = self._loads.setdefault(instance, [0, 0, 0])
+        load[0] = max(0, load[0] + requests)
+        load[1] = max(0, load[1] + prefill)
+        load[2] = max(0, load[2] + kv)

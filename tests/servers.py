@@ -1,0 +1,103 @@
+"""Test helpers: run ASGI apps on real loopback sockets, and a fake OpenAI backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_app(app, port: int | None = None) -> Iterator[str]:
+    """Run ``app`` with uvicorn in a thread on 127.0.0.1; yield its base URL; stop it."""
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", loop="asyncio")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@dataclass
+class FakeBackend:
+    """An OpenAI-compatible stand-in that records what it received.
+
+    ``first_byte_s`` delays the first byte (prefill), ``chunk_s`` spaces the streamed chunks.
+    """
+
+    name: str
+    first_byte_s: float = 0.0
+    chunk_s: float = 0.0
+    chunks: int = 3
+    status: int = 200
+    received: list[dict] = field(default_factory=list)
+    active: int = 0
+    peak: int = 0
+
+    def app(self) -> Starlette:
+        async def completion(request: Request):
+            body = await request.json()
+            self.received.append({"path": request.url.path, "body": body, "headers": dict(request.headers)})
+            if self.status != 200:
+                return JSONResponse({"error": {"message": f"{self.name} says no", "type": "x", "code": self.status}},
+                                    status_code=self.status)
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+
+            async def events():
+                try:
+                    await asyncio.sleep(self.first_byte_s)
+                    for i in range(self.chunks):
+                        if i:
+                            await asyncio.sleep(self.chunk_s)
+                        chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}], "backend": self.name}
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    self.active -= 1
+
+            if body.get("stream"):
+                return StreamingResponse(events(), media_type="text/event-stream")
+            async for _ in events():
+                pass
+            return JSONResponse({"id": "x", "object": "text_completion", "backend": self.name,
+                                 "choices": [{"index": 0, "text": "ok"}]})
+
+        async def models(request: Request):
+            return JSONResponse({"object": "list", "data": [{"id": f"model-{self.name}", "object": "model"}, {"id": "shared", "object": "model"}]})
+
+        async def health(request: Request):
+            return JSONResponse({"ok": True})
+
+        return Starlette(routes=[
+            Route("/v1/completions", completion, methods=["POST"]),
+            Route("/v1/chat/completions", completion, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/health", health),
+        ])

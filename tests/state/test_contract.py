@@ -1,0 +1,106 @@
+"""The StateStore contract, run against the memory store and a real redis-server."""
+
+import asyncio
+
+from router.state.base import Booking, Snapshot
+
+INSTANCES = ["a", "b", "c"]
+
+
+class GreedyChooser:
+    """Longest cached prefix, then fewest requests, then name: deterministic for tests."""
+
+    def __init__(self, req_id, keys, prompt_tokens=100, only=None):
+        self.req_id, self.keys, self.prompt_tokens, self.only = req_id, tuple(keys), prompt_tokens, only
+
+    def pick(self, snap: Snapshot) -> str:
+        if self.only:
+            return self.only
+        return min(snap.matched, key=lambda i: (-snap.matched[i], snap.loads[i].requests, i))
+
+    def __call__(self, snap):
+        inst = self.pick(snap)
+        return Booking(self.req_id, inst, self.prompt_tokens - 10 * snap.matched[inst], self.prompt_tokens + 50, self.keys)
+
+    def revise(self, snap, booking):
+        better = self.pick(snap)
+        if better == booking.instance or snap.matched[better] == snap.matched[booking.instance] and \
+                snap.loads[better].requests >= snap.loads[booking.instance].requests:
+            return None
+        return self(snap)
+
+
+async def test_decide_books_load_and_records_prefix(make_store):
+    store = await make_store()
+    snap, booking = await store.decide([1, 2, 3], INSTANCES, GreedyChooser("r1", [1, 2, 3], only="b"))
+    assert snap.matched == {"a": 0, "b": 0, "c": 0}
+    view = await store.snapshot([1, 2, 3, 4], INSTANCES)
+    assert view.matched == {"a": 0, "b": 3, "c": 0}
+    assert view.loads["b"].requests == 1 and view.loads["b"].prefill_tokens == 100 and view.loads["b"].kv_tokens == 150
+    assert (await store.snapshot([1, 2, 9], INSTANCES)).matched["b"] == 2
+    assert (await store.snapshot([9, 2, 3], INSTANCES)).matched["b"] == 0
+
+
+async def test_prefill_done_and_release_are_idempotent(make_store):
+    store = await make_store()
+    _, booking = await store.decide([5], INSTANCES, GreedyChooser("r2", [5], only="a"))
+    await store.prefill_done(booking)
+    await store.prefill_done(booking)
+    load = (await store.snapshot([], INSTANCES)).loads["a"]
+    assert (load.requests, load.prefill_tokens, load.kv_tokens) == (1, 0, 150)
+    await store.release(booking)
+    await store.release(booking)
+    load = (await store.snapshot([], INSTANCES)).loads["a"]
+    assert (load.requests, load.prefill_tokens, load.kv_tokens) == (0, 0, 0)
+    # residency outlives the request: the engine still holds the prefix
+    assert (await store.snapshot([5], INSTANCES)).matched["a"] == 1
+
+
+async def test_release_without_first_byte_returns_prefill_tokens(make_store):
+    store = await make_store()
+    _, booking = await store.decide([], INSTANCES, GreedyChooser("r3", [], only="c"))
+    await store.release(booking)
+    load = (await store.snapshot([], INSTANCES)).loads["c"]
+    assert (load.requests, load.prefill_tokens, load.kv_tokens) == (0, 0, 0)
+
+
+async def test_capacity_evicts_least_recent_prefix_from_its_tail(make_store):
+    store = await make_store(caps={"a": 4})
+    for n, keys in enumerate(([10, 11], [20, 21], [30, 31])):
+        _, b = await store.decide(keys, ["a"], GreedyChooser(f"c{n}", keys, only="a"))
+        await store.release(b)
+    view = lambda keys: store.snapshot(keys, ["a"])  # noqa: E731
+    assert (await view([10, 11])).matched["a"] == 0  # oldest prefix gone
+    assert (await view([20, 21])).matched["a"] == 2
+    assert (await view([30, 31])).matched["a"] == 2
+    # a longer prefix over capacity keeps its head, not its tail
+    _, b = await store.decide([40, 41, 42, 43, 44, 45], ["a"], GreedyChooser("c9", [40, 41, 42, 43, 44, 45], only="a"))
+    await store.release(b)
+    assert (await view([40, 41, 42, 43, 44, 45])).matched["a"] == 4
+
+
+async def test_forget_instance_drops_its_residency_only(make_store):
+    store = await make_store()
+    for inst in ("a", "b"):
+        _, b = await store.decide([7, 8], INSTANCES, GreedyChooser(f"f{inst}", [7, 8], only=inst))
+        await store.release(b)
+    await store.forget_instance("a")
+    assert (await store.snapshot([7, 8], INSTANCES)).matched == {"a": 0, "b": 2, "c": 0}
+
+
+async def test_concurrent_decisions_see_each_others_bookings(make_store):
+    store = await make_store()
+    results = await asyncio.gather(
+        *(store.decide([], INSTANCES, GreedyChooser(f"burst{i}", [])) for i in range(30))
+    )
+    counts = {i: sum(1 for _, b in results if b.instance == i) for i in INSTANCES}
+    assert counts == {"a": 10, "b": 10, "c": 10}
+
+
+async def test_residency_expires(make_store):
+    store = await make_store(residency_ttl_s=0.2)
+    _, b = await store.decide([3, 4], INSTANCES, GreedyChooser("e1", [3, 4], only="a"))
+    assert (await store.snapshot([3, 4], INSTANCES)).matched["a"] == 2
+    await asyncio.sleep(0.35)
+    assert (await store.snapshot([3, 4], INSTANCES)).matched["a"] == 0
+    await store.release(b)
