@@ -43,13 +43,7 @@ class RequestChooser:
         self.decision = decision
         req = self._req
         cached = min(req.prompt_tokens, snap.matched.get(decision.instance, 0) * req.block_tokens)
-        return Booking(
-            id=req.id,
-            instance=decision.instance,
-            prefill_tokens=req.prompt_tokens - cached,
-            kv_tokens=req.prompt_tokens + req.max_tokens,
-            keys=req.keys,
-        )
+        return Booking.single(req.id, decision.instance, req.prompt_tokens - cached, req.prompt_tokens + req.max_tokens, req.keys)
 
     def __call__(self, snap: Snapshot) -> Booking:
         return self._booking(self._policy.choose(self._req, self._candidates, snap), snap)

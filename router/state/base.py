@@ -21,6 +21,7 @@ class Load:
     requests: int = 0  # requests in flight
     prefill_tokens: int = 0  # uncached prompt tokens not yet prefilled (released at first byte)
     kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
+    transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
 
 
 @dataclass(frozen=True)
@@ -32,14 +33,41 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class Leg:
+    """One instance's share of a request: a colocated request has one leg, a
+    disaggregated one a decode leg (first) and a prefill leg."""
+
+    instance: str
+    prefill_tokens: int = 0
+    kv_tokens: int = 0
+    transfers: int = 0
+
+
+@dataclass(frozen=True)
 class Booking:
-    """A decision's footprint: load booked on ``instance`` and the prefix recorded there."""
+    """A decision's footprint: load booked on each leg's instance and the prompt's prefix
+    recorded on each of them (both P and D hold the KV after a handoff)."""
 
     id: str
-    instance: str
-    prefill_tokens: int
-    kv_tokens: int
+    legs: tuple[Leg, ...]
     keys: tuple[int, ...] = ()
+
+    @classmethod
+    def single(cls, id: str, instance: str, prefill_tokens: int, kv_tokens: int, keys: Sequence[int] = ()) -> "Booking":
+        return cls(id, (Leg(instance, prefill_tokens, kv_tokens),), tuple(keys))
+
+    @property
+    def instance(self) -> str:
+        """The instance that answers the client (decode, or the only one)."""
+        return self.legs[0].instance
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return tuple(leg.instance for leg in self.legs)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(leg.prefill_tokens for leg in self.legs)
 
 
 class Chooser(Protocol):

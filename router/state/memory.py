@@ -25,7 +25,7 @@ class MemoryStore(StateStore):
         self._default_cap = default_cap
         self._clock = clock
         self._residency = ResidencyIndex(residency_ttl_s)
-        self._loads: dict[str, list[int]] = {}  # instance -> [requests, prefill_tokens, kv_tokens]
+        self._loads: dict[str, list[int]] = {}  # instance -> [requests, prefill, kv, transfers]
         self._bookings: dict[str, Booking] = {}
         self._prefilled: set[str] = set()
 
@@ -53,10 +53,10 @@ class MemoryStore(StateStore):
         if booking.id in self._bookings:
             return
         self._bookings[booking.id] = booking
-        self._add(booking.instance, 1, booking.prefill_tokens, booking.kv_tokens)
-        if booking.keys:
-            cap = self._caps.get(booking.instance, self._default_cap)
-            self._residency.record(booking.instance, booking.keys, cap, self._clock())
+        for leg in booking.legs:
+            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers))
+            if booking.keys:
+                self.record_residency(leg.instance, booking.keys)
 
     def record_residency(self, instance: str, keys: Sequence[int]) -> None:
         cap = self._caps.get(instance, self._default_cap)
@@ -66,25 +66,27 @@ class MemoryStore(StateStore):
         self._residency.unrecord(instance, keys)
 
     def set_load(self, instance: str, load: Load) -> None:
-        self._loads[instance] = [load.requests, load.prefill_tokens, load.kv_tokens]
+        self._loads[instance] = [load.requests, load.prefill_tokens, load.kv_tokens, load.transfers]
 
     async def prefill_done(self, booking: Booking) -> None:
         if booking.id in self._bookings and booking.id not in self._prefilled:
             self._prefilled.add(booking.id)
-            self._add(booking.instance, 0, -booking.prefill_tokens, 0)
+            for leg in booking.legs:
+                self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers), sign=-1)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
             return
-        pending_prefill = 0 if booking.id in self._prefilled else booking.prefill_tokens
+        prefilled = booking.id in self._prefilled
         self._prefilled.discard(booking.id)
-        self._add(booking.instance, -1, -pending_prefill, -booking.kv_tokens)
+        for leg in booking.legs:
+            pf, tx = (0, 0) if prefilled else (leg.prefill_tokens, leg.transfers)
+            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx), sign=-1)
 
     async def forget_instance(self, instance: str) -> None:
         self._residency.forget(instance)
 
-    def _add(self, instance: str, requests: int, prefill: int, kv: int) -> None:
-        load = self._loads.setdefault(instance, [0, 0, 0])
-        load[0] = max(0, load[0] + requests)
-        load[1] = max(0, load[1] + prefill)
-        load[2] = max(0, load[2] + kv)
+    def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
+        load = self._loads.setdefault(instance, [0, 0, 0, 0])
+        for i, value in enumerate((delta.requests, delta.prefill_tokens, delta.kv_tokens, delta.transfers)):
+            load[i] = max(0, load[i] + sign * value)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -112,36 +113,37 @@ class RedisStore(StateStore):
         return {
             "booking": {
                 "id": booking.id,
-                "instance": booking.instance,
-                "prefill_tokens": booking.prefill_tokens,
-                "kv_tokens": booking.kv_tokens,
+                "legs": [dataclasses.asdict(leg) for leg in booking.legs],
                 "keys": [str(k) for k in booking.keys],
             },
             "lease_ms": self._lease_ms,
             "ttl_ms": self._ttl_ms,
-            "cap": self._caps.get(booking.instance, self._default_cap),
+            "caps": {i: self._caps.get(i, self._default_cap) for i in booking.instances},
         }
 
     # -- the decision --------------------------------------------------------------------
-    def _merged(self, snap: Snapshot, remote: dict[str, Load], minus: Booking | None = None) -> Snapshot:
+    @staticmethod
+    def _merged(snap: Snapshot, remote: dict[str, Load], minus: Booking | None = None) -> Snapshot:
         """Per instance, the larger of this replica's own bookings and the shared view.
 
         Own bookings reach Redis one round trip late, the shared view lacks those still
         in flight; the field-wise max is a lower bound of the truth that sees both."""
+        own_minus = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
         loads = {}
         for inst, own in snap.loads.items():
-            if minus is not None and inst == minus.instance:
-                own = Load(max(0, own.requests - 1), max(0, own.prefill_tokens - minus.prefill_tokens),
-                           max(0, own.kv_tokens - minus.kv_tokens))
-            other = remote.get(inst, Load())
-            loads[inst] = Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
-                               max(own.kv_tokens, other.kv_tokens))
+            own_fields = dataclasses.astuple(own)
+            leg = own_minus.get(inst)
+            if leg is not None:
+                own_fields = tuple(
+                    max(0, a - b) for a, b in zip(own_fields, (1, leg.prefill_tokens, leg.kv_tokens, leg.transfers))
+                )
+            other = dataclasses.astuple(remote.get(inst, Load()))
+            loads[inst] = Load(*(max(a, b) for a, b in zip(own_fields, other)))
         return Snapshot(snap.matched, loads)
 
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
         local = self._merged(self._mirror._snapshot(keys, instances), self._remote)
         booking = choose(local)
-        held_locally = local.matched.get(booking.instance, 0)
         self._mirror.book(booking)  # concurrent decisions in this replica see it at once
         args = {"instances": list(instances), "keys": [str(k) for k in keys], **self._book_args(booking)}
         try:
@@ -158,21 +160,27 @@ class RedisStore(StateStore):
         fresh = self._merged(Snapshot(shared.matched, own.loads), shared.loads, minus=booking)
         revised = choose.revise(fresh, booking)
         if revised is not None:
-            self.corrections += 1
-            held = shared.matched.get(booking.instance, 0)
-            undo = [str(k) for k in booking.keys[held:]]
-            try:
-                await self._call("move", {**self._book_args(revised), "undo_instance": booking.instance, "undo_keys": undo})
-            except (RedisError, OSError, asyncio.TimeoutError) as exc:
-                self.errors += 1
-                log.warning("could not move booking %s: %s", booking.id, exc)
-            else:
-                await self._mirror.release(booking)
-                self._mirror.unrecord_residency(booking.instance, booking.keys[max(held, held_locally):])
-                self._mirror.book(revised)
-                booking = revised
+            booking = await self._move(booking, revised, shared, local)
         self._active[booking.id] = booking
         return fresh, booking
+
+    async def _move(self, booking: Booking, revised: Booking, shared: Snapshot, local: Snapshot) -> Booking:
+        """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the
+        first choice recorded on instances that did not hold them before."""
+        self.corrections += 1
+        undo = {i: [str(k) for k in booking.keys[shared.matched.get(i, 0):]] for i in booking.instances}
+        try:
+            await self._call("move", {**self._book_args(revised), "undo": undo})
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self.errors += 1
+            log.warning("could not move booking %s: %s", booking.id, exc)
+            return booking
+        await self._mirror.release(booking)
+        for inst in booking.instances:
+            held = max(shared.matched.get(inst, 0), local.matched.get(inst, 0))
+            self._mirror.unrecord_residency(inst, booking.keys[held:])
+        self._mirror.book(revised)
+        return revised
 
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)

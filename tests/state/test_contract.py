@@ -2,7 +2,7 @@
 
 import asyncio
 
-from router.state.base import Booking, Snapshot
+from router.state.base import Booking, Leg, Load, Snapshot
 
 INSTANCES = ["a", "b", "c"]
 
@@ -20,7 +20,7 @@ class GreedyChooser:
 
     def __call__(self, snap):
         inst = self.pick(snap)
-        return Booking(self.req_id, inst, self.prompt_tokens - 10 * snap.matched[inst], self.prompt_tokens + 50, self.keys)
+        return Booking.single(self.req_id, inst, self.prompt_tokens - 10 * snap.matched[inst], self.prompt_tokens + 50, self.keys)
 
     def revise(self, snap, booking):
         better = self.pick(snap)
@@ -104,3 +104,38 @@ async def test_residency_expires(make_store):
     await asyncio.sleep(0.35)
     assert (await store.snapshot([3, 4], INSTANCES)).matched["a"] == 0
     await store.release(b)
+
+
+class PairChooser:
+    """Books a disaggregated request: decode leg on d, prefill leg on p."""
+
+    def __init__(self, req_id, keys, d, p):
+        self.req_id, self.keys, self.d, self.p = req_id, tuple(keys), d, p
+
+    def __call__(self, snap):
+        return Booking(self.req_id, (Leg(self.d, 0, 300, 1), Leg(self.p, 200, 0, 1)), self.keys)
+
+    def revise(self, snap, booking):
+        return None
+
+
+async def test_two_leg_booking_loads_both_and_records_prefix_on_both(make_store):
+    store = await make_store()
+    _, booking = await store.decide([1, 2], INSTANCES, PairChooser("pd1", [1, 2], "a", "b"))
+    view = await store.snapshot([1, 2], INSTANCES)
+    assert view.matched == {"a": 2, "b": 2, "c": 0}
+    assert view.loads["a"] == Load(1, 0, 300, 1) and view.loads["b"] == Load(1, 200, 0, 1)
+    await store.prefill_done(booking)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"] == Load(1, 0, 300, 0) and view.loads["b"] == Load(1, 0, 0, 0)
+    await store.release(booking)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"] == Load() and view.loads["b"] == Load()
+
+
+async def test_two_leg_release_before_first_byte(make_store):
+    store = await make_store()
+    _, booking = await store.decide([], INSTANCES, PairChooser("pd2", [], "c", "a"))
+    await store.release(booking)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"] == Load() and view.loads["c"] == Load()

@@ -3,8 +3,8 @@
 -- Keys: P:blk:<block key>  hash instance -> residency expiry (ms), PEXPIRE'd
 --       P:lru:<instance>   zset block key -> recency, capped at the instance's capacity
 --       P:seq              recency sequence
---       P:load:<instance>  hash req / pf / kv booked load
---       P:bk:<booking id>  hash inst / pf / kv / pfdone
+--       P:load:<instance>  hash req / pf / kv / tx booked load
+--       P:bk:<booking id>  hash legs (JSON) / pfdone
 --       P:leases           zset booking id -> lease expiry (ms)
 local P = ARGV[1]
 local A = cjson.decode(ARGV[2])
@@ -14,23 +14,29 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function add_load(inst, req, pf, kv)
+local function add_load(inst, req, pf, kv, tx)
   local k = P .. ':load:' .. inst
-  local v = redis.call('HMGET', k, 'req', 'pf', 'kv')
+  local v = redis.call('HMGET', k, 'req', 'pf', 'kv', 'tx')
   redis.call('HSET', k,
     'req', math.max(0, (tonumber(v[1]) or 0) + req),
     'pf', math.max(0, (tonumber(v[2]) or 0) + pf),
-    'kv', math.max(0, (tonumber(v[3]) or 0) + kv))
+    'kv', math.max(0, (tonumber(v[3]) or 0) + kv),
+    'tx', math.max(0, (tonumber(v[4]) or 0) + tx))
 end
 
 local function drop_booking(id)
   local bk = P .. ':bk:' .. id
-  local v = redis.call('HMGET', bk, 'inst', 'pf', 'kv', 'pfdone')
+  local v = redis.call('HMGET', bk, 'legs', 'pfdone')
   redis.call('ZREM', P .. ':leases', id)
   if not v[1] then return 0 end
-  local pf = 0
-  if v[4] ~= '1' then pf = tonumber(v[2]) end
-  add_load(v[1], -1, -pf, -tonumber(v[3]))
+  local pending = v[2] ~= '1'
+  for _, leg in ipairs(cjson.decode(v[1])) do
+    if pending then
+      add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers)
+    else
+      add_load(leg.instance, -1, 0, -leg.kv_tokens, 0)
+    end
+  end
   redis.call('DEL', bk)
   return 1
 end
@@ -64,8 +70,8 @@ local function lookup(insts, keys, now)
   end
   local loads = {}
   for i, inst in ipairs(insts) do
-    local v = redis.call('HMGET', P .. ':load:' .. inst, 'req', 'pf', 'kv')
-    loads[i] = {tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0}
+    local v = redis.call('HMGET', P .. ':load:' .. inst, 'req', 'pf', 'kv', 'tx')
+    loads[i] = {tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0}
   end
   return {matched = matched, loads = loads}
 end
@@ -102,11 +108,15 @@ local function record(inst, keys, now, ttl_ms, cap)
   end
 end
 
-local function book(b, now, lease_ms)
+-- Book every leg and record the prompt's prefix on each leg's instance.
+local function book(b, now, lease_ms, ttl_ms, caps)
   local bk = P .. ':bk:' .. b.id
   if redis.call('EXISTS', bk) == 1 then return 0 end
-  redis.call('HSET', bk, 'inst', b.instance, 'pf', b.prefill_tokens, 'kv', b.kv_tokens, 'pfdone', '0')
+  redis.call('HSET', bk, 'legs', cjson.encode(b.legs), 'pfdone', '0')
   redis.call('ZADD', P .. ':leases', now + lease_ms, b.id)
-  add_load(b.instance, 1, b.prefill_tokens, b.kv_tokens)
+  for _, leg in ipairs(b.legs) do
+    add_load(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers)
+    record(leg.instance, b.keys, now, ttl_ms, caps[leg.instance])
+  end
   return 1
 end

@@ -1,11 +1,12 @@
 -- A fresher view disagreed with the choice: move the booking (same id) elsewhere, and
--- take back the prefix blocks the first choice did not hold before it was booked.
+-- take back the prefix blocks the first choice's instances did not hold before.
 local now = now_ms()
 drop_booking(A.booking.id)
-if #A.undo_keys > 0 then
-  unhold(A.undo_instance, A.undo_keys)
-  redis.call('ZREM', P .. ':lru:' .. A.undo_instance, unpack(A.undo_keys))
+for inst, keys in pairs(A.undo) do
+  if #keys > 0 then
+    unhold(inst, keys)
+    redis.call('ZREM', P .. ':lru:' .. inst, unpack(keys))
+  end
 end
-book(A.booking, now, A.lease_ms)
-record(A.booking.instance, A.booking.keys, now, A.ttl_ms, A.cap)
+book(A.booking, now, A.lease_ms, A.ttl_ms, A.caps)
 return 1

@@ -1,6 +1,9 @@
+-- First byte: the prefill queue and the KV transfer of this request are over.
 local bk = P .. ':bk:' .. A.id
-local v = redis.call('HMGET', bk, 'inst', 'pf', 'pfdone')
-if not v[1] or v[3] == '1' then return 0 end
+local v = redis.call('HMGET', bk, 'legs', 'pfdone')
+if not v[1] or v[2] == '1' then return 0 end
 redis.call('HSET', bk, 'pfdone', '1')
-add_load(v[1], 0, -tonumber(v[2]), 0)
+for _, leg in ipairs(cjson.decode(v[1])) do
+  add_load(leg.instance, 0, -leg.prefill_tokens, 0, -leg.transfers)
+end
 return 1

@@ -3,6 +3,5 @@
 local now = now_ms()
 sweep(now)
 local view = lookup(A.instances, A.keys, now)
-book(A.booking, now, A.lease_ms)
-record(A.booking.instance, A.booking.keys, now, A.ttl_ms, A.cap)
+book(A.booking, now, A.lease_ms, A.ttl_ms, A.caps)
 return cjson.encode(view)
