@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,9 +22,12 @@ from router.errors import RouterError, error_body
 from router.instances import HealthChecker, InstancePool
 from router.metrics import Metrics
 from router.policy import build_policy
+from router.explain import explain
 from router.service import RouterService
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
+
+log = logging.getLogger(__name__)
 
 
 def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
@@ -57,7 +61,9 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(store))
-    policy = build_policy(config.policy)
+    policy = build_policy(config.policy, config.pd if pool.disaggregated else None)
+    for instance_id, problem in pool.compat_report().items():
+        log.warning("instance %s can never be paired: %s", instance_id, problem)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -156,14 +162,26 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
         require_admin(request)
         ids = [i.id for i in pool]
         snap = await store.snapshot([], ids)
+        unpairable = pool.compat_report()
+        calibrator = service(request).calibrator
         return {
             "policy": policy.name,
+            "disaggregated": pool.disaggregated,
             "state_backend": config.state.backend,
             "instances": [
                 {"id": i.id, "url": i.url, "role": i.config.role, "flavor": i.config.flavor, "healthy": i.healthy,
+                 "compat": dict(zip(("model", "kv_dtype", "block_size", "flavor"), i.config.compat)),
+                 "unpairable": unpairable.get(i.id), "calibration_factor": calibrator.factor(i.id),
+                 "prefill_tokens_per_s": i.candidate.prefill_tokens_per_s,
                  "load": dataclasses.asdict(snap.loads[i.id])}
                 for i in pool
             ],
         }
+
+    @app.post("/debug/route")
+    async def debug_route(request: Request) -> dict[str, Any]:
+        """The decision this request would get now, with every cost term; nothing is sent or booked."""
+        require_admin(request)
+        return await explain(service(request), request)
 
     return app

@@ -35,6 +35,15 @@ class InstanceConfig(_Strict):
     cache_tokens: int = Field(default=500_000, gt=0, description="KV cache capacity in tokens")
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    model: str | None = Field(default=None, description="served model; requests for another model never go here (None = any)")
+    kv_dtype: str = Field(default="auto", description="KV cache dtype; P and D must agree")
+    block_size: int = Field(default=16, ge=1, description="engine KV block size in tokens; P and D must agree")
+    kv_bytes_per_token: int | None = Field(default=None, gt=0, description="KV bytes per token (default pd.kv_bytes_per_token)")
+
+    @property
+    def compat(self) -> tuple[str | None, str, int, str]:
+        """P and D are paired only when these agree: same model, KV layout and protocol."""
+        return (self.model, self.kv_dtype, self.block_size, self.flavor)
 
     @field_validator("url")
     @classmethod
@@ -100,6 +109,39 @@ class PolicyConfig(_Strict):
     cache_aware: CacheAwareWeights = Field(default_factory=CacheAwareWeights)
 
 
+class LinkConfig(_Strict):
+    """Bandwidth of a KV transfer by topology (instance labels ``node`` and ``zone``)."""
+
+    same_node_gbps: float = Field(default=400.0, gt=0)
+    same_zone_gbps: float = Field(default=100.0, gt=0)
+    cross_zone_gbps: float = Field(default=25.0, gt=0)
+    setup_s: float = Field(default=0.002, ge=0, description="fixed cost of one transfer")
+
+
+class PDConfig(_Strict):
+    """Prefill/decode disaggregation: pair scoring, handoff and failure policy."""
+
+    kv_bytes_per_token: int = Field(default=131072, gt=0, description="KV bytes per token (Llama-3-8B bf16: 32 layers x 2 x 8 heads x 128 x 2 B)")
+    links: LinkConfig = Field(default_factory=LinkConfig)
+    selective_threshold_tokens: int = Field(default=512, ge=0, description="run on the decode instance alone when fewer tokens than this are uncached there")
+    tbt_target_s: float = Field(default=0.1, gt=0, description="decode instances whose estimated time between tokens would exceed this are skipped")
+    decode_step_base_s: float = Field(default=0.008, ge=0)
+    decode_step_per_request_s: float = Field(default=0.0002, ge=0)
+    decode_step_per_kv_token_s: float = Field(default=1.0e-8, ge=0)
+    max_pair_candidates: int = Field(default=8, ge=1, description="prefill and decode instances (each) whose pairs are scored")
+    prefill_retries: int = Field(default=1, ge=0, le=5, description="other prefill instances tried when one fails before answering")
+    fallback_local_prefill: bool = Field(default=True, description="after the retries, prefill on the decode instance (counted, logged)")
+    vllm_min_tokens: Literal["set", "pop"] = Field(default="set", description="prefill leg: set min_tokens=1 (vllm-router) or drop it (vLLM's toy proxy)")
+    ttft_slo_s: float | None = Field(default=None, gt=0, description="answer 429 when the best predicted TTFT exceeds this")
+
+
+class CalibrationConfig(_Strict):
+    enabled: bool = True
+    alpha: float = Field(default=0.2, gt=0, le=1, description="EWMA weight of each new observation")
+    min_factor: float = Field(default=0.2, gt=0)
+    max_factor: float = Field(default=5.0, gt=1)
+
+
 class ProxyConfig(_Strict):
     connect_timeout_s: float = Field(default=2.0, gt=0)
     request_timeout_s: float = Field(default=1800.0, gt=0)
@@ -129,6 +171,8 @@ class RouterConfig(BaseSettings):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     proxy: ProxyConfig = Field(default_factory=ProxyConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    pd: PDConfig = Field(default_factory=PDConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
     @model_validator(mode="after")

@@ -33,12 +33,51 @@ class Instance:
         return self.config.url
 
 
+def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> Candidate:
+    return Candidate(
+        id=ic.id,
+        cache_tokens=ic.cache_tokens,
+        prefill_tokens_per_s=(ic.prefill_tokens_per_s or default_rate) / factor,
+        role=ic.role,
+        compat=ic.compat,
+        node=ic.labels.get("node"),
+        zone=ic.labels.get("zone"),
+        kv_bytes_per_token=ic.kv_bytes_per_token,
+    )
+
+
 class InstancePool:
     def __init__(self, config: RouterConfig) -> None:
         self._health = config.health
-        self._instances = {
-            ic.id: Instance(ic, Candidate(ic.id, ic.cache_tokens, ic.prefill_tokens_per_s)) for ic in config.instances
-        }
+        self._default_rate = config.policy.ttft.prefill_tokens_per_s
+        self._instances = {ic.id: Instance(ic, _candidate(ic, self._default_rate)) for ic in config.instances}
+
+    @property
+    def disaggregated(self) -> bool:
+        """True when the cluster has a prefill pool (PD routing)."""
+        return any(i.config.role == "prefill" for i in self._instances.values())
+
+    def calibrate(self, instance_id: str, factor: float) -> None:
+        """Scale an instance's prefill rate by a measured slowdown ``factor``."""
+        inst = self._instances[instance_id]
+        inst.candidate = _candidate(inst.config, self._default_rate, factor)
+
+    def compat_report(self) -> dict[str, str]:
+        """Instances that can never be paired, with the reason (empty when all can)."""
+        prefills = [i for i in self._instances.values() if i.config.role == "prefill"]
+        decodes = [i for i in self._instances.values() if i.config.role in ("decode", "mixed")]
+        problems: dict[str, str] = {}
+        if not prefills:
+            return problems
+        for inst, others, what in [(p, decodes, "decode") for p in prefills] + [
+            (d, prefills, "prefill") for d in decodes if d.config.role == "decode"
+        ]:
+            if not any(o.config.compat == inst.config.compat for o in others):
+                model, dtype, block, flavor = inst.config.compat
+                problems[inst.id] = (
+                    f"no {what} instance shares its model={model}, kv_dtype={dtype}, block_size={block}, flavor={flavor}"
+                )
+        return problems
 
     def __iter__(self):
         return iter(self._instances.values())
@@ -46,9 +85,14 @@ class InstancePool:
     def get(self, instance_id: str) -> Instance:
         return self._instances[instance_id]
 
-    def healthy(self, roles: Iterable[str], exclude: Iterable[str] = ()) -> list[Instance]:
+    def healthy(self, roles: Iterable[str], exclude: Iterable[str] = (), model: str | None = None) -> list[Instance]:
+        """Healthy instances of ``roles`` that serve ``model`` (instances without a model serve any)."""
         roles, skip = set(roles), set(exclude)
-        return [i for i in self._instances.values() if i.healthy and i.config.role in roles and i.id not in skip]
+        return [
+            i
+            for i in self._instances.values()
+            if i.healthy and i.config.role in roles and i.id not in skip and (i.config.model in (None, model) or model is None)
+        ]
 
     def any_healthy(self) -> bool:
         return any(i.healthy for i in self._instances.values())

@@ -68,5 +68,21 @@ class Metrics:
         self.store_latency = Histogram(
             "pd_router_state_store_seconds", "Latency of state store operations", ["op"], buckets=_FAST_BUCKETS, registry=r
         )
+        self.modes = Counter(
+            "pd_router_route_modes", "Decisions by route: colocated, disaggregated or decode_only", ["mode"], registry=r
+        )
+        self.estimate_ratio = Histogram(
+            "pd_router_ttft_estimate_ratio",
+            "Measured / estimated TTFT (streaming requests; prefill leg for vLLM PD)",
+            ["mode"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4, 8),
+            registry=r,
+        )
+        self.calibration = Gauge(
+            "pd_router_calibration_factor", "Measured slowdown applied to an instance's prefill rate", ["instance"], registry=r
+        )
+        self.pd_failures = Counter(
+            "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["instance", "action"], registry=r
+        )
         if store_counters is not None:
             r.register(_StoreCounters(store_counters))

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from router.config import HashingConfig
 from router.hashing import root_seed, text_block_keys, token_block_keys
 from router.metrics import Metrics
-from router.policy.base import Candidate, Decision, Policy, RouteRequest
+from router.policy.base import Candidate, Decision, Policy, RouteRequest, route_key
 from router.prompt import ParsedRequest
-from router.state.base import Booking, Snapshot, StateStore
+from router.state.base import Booking, Leg, Snapshot, StateStore
 
 
 def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str, default_max_tokens: int) -> RouteRequest:
@@ -30,31 +30,57 @@ def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str
     )
 
 
+class SLORejected(Exception):
+    """The best predicted TTFT already misses the SLO: refuse now rather than queue."""
+
+    def __init__(self, decision: Decision, slo_s: float) -> None:
+        super().__init__(f"predicted TTFT {decision.estimate_s:.2f}s exceeds the {slo_s:.2f}s SLO")
+        self.decision = decision
+        self.slo_s = slo_s
+
+
+def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:
+    """Legs of a decision: the answering instance first, then a remote prefill (transient)."""
+    kv = req.prompt_tokens + req.max_tokens
+
+    def uncached(instance: str) -> int:
+        return req.prompt_tokens - min(req.prompt_tokens, snap.matched.get(instance, 0) * req.block_tokens)
+
+    if decision.prefill is None:
+        return Booking.single(req.id, decision.instance, uncached(decision.instance), kv, req.keys)
+    legs = (Leg(decision.instance, 0, kv, 1), Leg(decision.prefill, uncached(decision.prefill), 0, 1, transient=True))
+    return Booking(req.id, legs, req.keys)
+
+
+def booking_key(booking: Booking) -> str:
+    return route_key(booking.legs[0].instance, booking.legs[1].instance if len(booking.legs) > 1 else None)
+
+
 class RequestChooser:
     """Binds a policy to one request so a state store can ask it to choose (and revise)."""
 
-    def __init__(self, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate]) -> None:
+    def __init__(self, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate], slo_s: float | None = None) -> None:
         self._policy = policy
         self._req = req
         self._candidates = candidates
+        self._slo_s = slo_s
         self.decision: Decision | None = None
 
-    def _booking(self, decision: Decision, snap: Snapshot) -> Booking:
-        self.decision = decision
-        req = self._req
-        cached = min(req.prompt_tokens, snap.matched.get(decision.instance, 0) * req.block_tokens)
-        return Booking.single(req.id, decision.instance, req.prompt_tokens - cached, req.prompt_tokens + req.max_tokens, req.keys)
-
     def __call__(self, snap: Snapshot) -> Booking:
-        return self._booking(self._policy.choose(self._req, self._candidates, snap), snap)
+        decision = self._policy.choose(self._req, self._candidates, snap)
+        if self._slo_s is not None and decision.estimate_s is not None and decision.estimate_s > self._slo_s:
+            raise SLORejected(decision, self._slo_s)
+        self.decision = decision
+        return booking_for(self._req, decision, snap)
 
     def revise(self, snap: Snapshot, booking: Booking) -> Booking | None:
         if not self._policy.revisable:
             return None
         decision = self._policy.choose(self._req, self._candidates, snap)
-        if booking.instance in decision.acceptable:
+        if booking_key(booking) in decision.acceptable:
             return None
-        return self._booking(decision, snap)
+        self.decision = decision
+        return booking_for(self._req, decision, snap)
 
 
 @dataclass(frozen=True)
@@ -62,19 +88,28 @@ class Routed:
     booking: Booking
     decision: Decision
     snapshot: Snapshot
+    started: float  # perf_counter when the decision began
 
 
 async def decide(
-    store: StateStore, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate], metrics: Metrics | None = None
+    store: StateStore,
+    policy: Policy,
+    req: RouteRequest,
+    candidates: Sequence[Candidate],
+    metrics: Metrics | None = None,
+    slo_s: float | None = None,
 ) -> Routed:
-    """Choose and book an instance for ``req`` among ``candidates``."""
-    chooser = RequestChooser(policy, req, candidates)
+    """Choose and book a route for ``req`` among ``candidates``."""
+    chooser = RequestChooser(policy, req, candidates, slo_s)
     started = time.perf_counter()
     snap, booking = await store.decide(req.keys, [c.id for c in candidates], chooser)
     assert chooser.decision is not None
+    decision = chooser.decision
     if metrics is not None:
         metrics.store_latency.labels("decide").observe(time.perf_counter() - started)
-        metrics.decisions.labels(policy.name, chooser.decision.reason).inc()
+        metrics.decisions.labels(policy.name, decision.reason).inc()
+        metrics.modes.labels(decision.mode).inc()
         if req.prompt_tokens:
-            metrics.cached_ratio.observe((req.prompt_tokens - booking.prefill_tokens) / req.prompt_tokens)
-    return Routed(booking, chooser.decision, snap)
+            cached = req.prompt_tokens - (decision.prefill_tokens if decision.prefill_tokens is not None else booking.prefill_tokens)
+            metrics.cached_ratio.observe(max(0, cached) / req.prompt_tokens)
+    return Routed(booking, decision, snap, started)

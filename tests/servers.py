@@ -59,11 +59,14 @@ class FakeBackend:
     received: list[dict] = field(default_factory=list)
     active: int = 0
     peak: int = 0
+    kv_params: dict | None = None  # returned to a vLLM-style prefill request (do_remote_decode)
+    finished_at: list[float] = field(default_factory=list)
 
     def app(self) -> Starlette:
         async def completion(request: Request):
             body = await request.json()
-            self.received.append({"path": request.url.path, "body": body, "headers": dict(request.headers)})
+            self.received.append({"path": request.url.path, "body": body, "headers": dict(request.headers),
+                                  "at": time.perf_counter()})
             if self.status != 200:
                 return JSONResponse({"error": {"message": f"{self.name} says no", "type": "x", "code": self.status}},
                                     status_code=self.status)
@@ -86,8 +89,11 @@ class FakeBackend:
                 return StreamingResponse(events(), media_type="text/event-stream")
             async for _ in events():
                 pass
-            return JSONResponse({"id": "x", "object": "text_completion", "backend": self.name,
-                                 "choices": [{"index": 0, "text": "ok"}]})
+            self.finished_at.append(time.perf_counter())
+            answer = {"id": "x", "object": "text_completion", "backend": self.name, "choices": [{"index": 0, "text": "ok"}]}
+            if (body.get("kv_transfer_params") or {}).get("do_remote_decode") and self.kv_params is not None:
+                answer["kv_transfer_params"] = self.kv_params
+            return JSONResponse(answer)
 
         async def models(request: Request):
             return JSONResponse({"object": "list", "data": [{"id": f"model-{self.name}", "object": "model"}, {"id": "shared", "object": "model"}]})

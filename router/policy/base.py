@@ -28,11 +28,16 @@ class RouteRequest:
 
 @dataclass(frozen=True)
 class Candidate:
-    """Static facts about an instance that scorers may use."""
+    """Static (and calibrated) facts about an instance that scorers may use."""
 
     id: str
     cache_tokens: int = 500_000
     prefill_tokens_per_s: float | None = None
+    role: str = "mixed"
+    compat: tuple = ()
+    node: str | None = None
+    zone: str | None = None
+    kv_bytes_per_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,26 @@ class View:
         return min(req.prompt_tokens, self.matched_blocks * req.block_tokens)
 
 
+def route_key(instance: str, prefill: str | None = None) -> str:
+    """Names a route: the answering instance, with its prefill instance when disaggregated."""
+    return instance if prefill is None else f"{instance}<-{prefill}"
+
+
 @dataclass(frozen=True)
 class Decision:
-    instance: str
-    acceptable: frozenset[str]  # near-ties the picker chose among
+    instance: str  # answers the client: the colocated or decode instance
+    acceptable: frozenset[str]  # route keys of the near-ties the picker chose among
     reason: str  # which rule decided, for metrics and /debug/route
-    scores: dict[str, float] = field(default_factory=dict)
-    terms: dict[str, dict[str, float]] = field(default_factory=dict)  # per-instance cost terms
+    scores: dict[str, float] = field(default_factory=dict)  # per route key
+    terms: dict[str, dict[str, float]] = field(default_factory=dict)  # per route key: cost terms
+    prefill: str | None = None  # remote prefill instance, when disaggregated
+    mode: str = "colocated"  # colocated | disaggregated | decode_only
+    estimate_s: float | None = None  # predicted TTFT of the chosen route, when the policy has one
+    prefill_tokens: int | None = None  # uncached tokens the prefilling instance computes
+
+    @property
+    def key(self) -> str:
+        return route_key(self.instance, self.prefill)
 
 
 class Filter(Protocol):
@@ -125,4 +143,9 @@ class Pipeline:
         chosen, acceptable = self._picker.pick(views, totals)
         terms = {v.id: {name: vals[i] for name, vals in per_scorer.items()} for i, v in enumerate(views)}
         scores = {v.id: totals[i] for i, v in enumerate(views)}
-        return Decision(chosen, acceptable, reason, scores, terms)
+        estimate = None
+        for scorer, _ in self._scorers:
+            if hasattr(scorer, "estimates"):
+                chosen_view = next(v for v in views if v.id == chosen)
+                estimate = scorer.estimates(req, [chosen_view])[0]
+        return Decision(chosen, acceptable, reason, scores, terms, estimate_s=estimate)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from router.config import CacheAwareWeights, PolicyConfig
+from router.config import CacheAwareWeights, PDConfig, PolicyConfig
 from router.policy.base import Candidate, Decision, Pipeline, Policy, RouteRequest, build_views
 from router.policy.filters import BoundedLoadFilter
+from router.policy.pd import IndependentPDPolicy, PairTTFTPolicy
 from router.policy.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
 from router.policy.scorers import LeastRequestsScorer, PrefixScorer, TTFTScorer
 from router.state.base import Snapshot
@@ -46,8 +47,21 @@ class CacheAwarePolicy:
         return self._least_loaded(loads, "prefix_miss")
 
 
-def build_policy(config: PolicyConfig, rng: random.Random | None = None) -> Policy:
+def build_policy(config: PolicyConfig, pd: PDConfig | None = None, rng: random.Random | None = None) -> Policy:
+    """The policy named in ``config``; with ``pd`` (the cluster has a prefill pool) its
+    disaggregated form: pair scoring for ``ttft``, independent P and D choice otherwise."""
     rng = rng or random.Random(config.seed)
+    if pd is not None:
+        if config.name == "ttft":
+            return PairTTFTPolicy(config.ttft, pd, rng)
+        # P by the named policy; D by load (round robin and random: the same rule, own state)
+        decode_name = config.name if config.name in ("round_robin", "random") else "least_loaded"
+        decode = _colocated(config.model_copy(update={"name": decode_name}), rng)
+        return IndependentPDPolicy(config.name, _colocated(config, rng), decode)
+    return _colocated(config, rng)
+
+
+def _colocated(config: PolicyConfig, rng: random.Random) -> Policy:
     name = config.name
     if name == "ttft":
         w = config.ttft

@@ -41,6 +41,7 @@ class Leg:
     prefill_tokens: int = 0
     kv_tokens: int = 0
     transfers: int = 0
+    transient: bool = False  # a remote prefill leg: wholly released at the first byte
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,11 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def release(self, booking: Booking) -> None:
         """The request ended (any way): drop all its load. Idempotent."""
+
+    @abc.abstractmethod
+    async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
+        """The request never reached an engine (failed before its first byte): release it
+        and take back the prefix it recorded beyond what each instance ``held`` before."""
 
     @abc.abstractmethod
     async def forget_instance(self, instance: str) -> None:

@@ -72,7 +72,10 @@ class MemoryStore(StateStore):
         if booking.id in self._bookings and booking.id not in self._prefilled:
             self._prefilled.add(booking.id)
             for leg in booking.legs:
-                self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers), sign=-1)
+                if leg.transient:
+                    self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers), sign=-1)
+                else:
+                    self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers), sign=-1)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
@@ -80,8 +83,15 @@ class MemoryStore(StateStore):
         prefilled = booking.id in self._prefilled
         self._prefilled.discard(booking.id)
         for leg in booking.legs:
+            if prefilled and leg.transient:
+                continue  # released at the first byte
             pf, tx = (0, 0) if prefilled else (leg.prefill_tokens, leg.transfers)
             self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx), sign=-1)
+
+    async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
+        await self.release(booking)
+        for inst in booking.instances:
+            self.unrecord_residency(inst, booking.keys[held.get(inst, 0):])
 
     async def forget_instance(self, instance: str) -> None:
         self._residency.forget(instance)

@@ -31,7 +31,7 @@ from router.state.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
-_SCRIPTS = ("route", "lookup", "move", "prefill_done", "release", "refresh", "forget")
+_SCRIPTS = ("route", "lookup", "move", "prefill_done", "release", "abandon", "refresh", "forget")
 
 
 def _load_scripts() -> dict[str, str]:
@@ -191,6 +191,12 @@ class RedisStore(StateStore):
         await self._mirror.release(booking)
         if self._active.pop(booking.id, None) is not None:
             await self._best_effort("release", {"id": booking.id})
+
+    async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
+        await self._mirror.abandon(booking, held)
+        undo = {i: [str(k) for k in booking.keys[held.get(i, 0):]] for i in booking.instances}
+        if self._active.pop(booking.id, None) is not None:
+            await self._best_effort("abandon", {"id": booking.id, "undo": undo})
 
     async def forget_instance(self, instance: str) -> None:
         await self._mirror.forget_instance(instance)

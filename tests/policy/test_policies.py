@@ -24,7 +24,7 @@ def snap(matched=None, requests=None, prefill=None):
 
 
 def policy(name, **kw):
-    return build_policy(PolicyConfig(name=name, **kw), random.Random(7))
+    return build_policy(PolicyConfig(name=name, **kw), rng=random.Random(7))
 
 
 def test_ttft_prefers_cached_instance_when_idle():

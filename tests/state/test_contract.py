@@ -113,7 +113,7 @@ class PairChooser:
         self.req_id, self.keys, self.d, self.p = req_id, tuple(keys), d, p
 
     def __call__(self, snap):
-        return Booking(self.req_id, (Leg(self.d, 0, 300, 1), Leg(self.p, 200, 0, 1)), self.keys)
+        return Booking(self.req_id, (Leg(self.d, 0, 300, 1), Leg(self.p, 200, 0, 1, transient=True)), self.keys)
 
     def revise(self, snap, booking):
         return None
@@ -125,9 +125,9 @@ async def test_two_leg_booking_loads_both_and_records_prefix_on_both(make_store)
     view = await store.snapshot([1, 2], INSTANCES)
     assert view.matched == {"a": 2, "b": 2, "c": 0}
     assert view.loads["a"] == Load(1, 0, 300, 1) and view.loads["b"] == Load(1, 200, 0, 1)
-    await store.prefill_done(booking)
+    await store.prefill_done(booking)  # the prefill leg is over: gone from b entirely
     view = await store.snapshot([], INSTANCES)
-    assert view.loads["a"] == Load(1, 0, 300, 0) and view.loads["b"] == Load(1, 0, 0, 0)
+    assert view.loads["a"] == Load(1, 0, 300, 0) and view.loads["b"] == Load()
     await store.release(booking)
     view = await store.snapshot([], INSTANCES)
     assert view.loads["a"] == Load() and view.loads["b"] == Load()
@@ -139,3 +139,14 @@ async def test_two_leg_release_before_first_byte(make_store):
     await store.release(booking)
     view = await store.snapshot([], INSTANCES)
     assert view.loads["a"] == Load() and view.loads["c"] == Load()
+
+
+async def test_abandon_releases_and_takes_back_only_new_residency(make_store):
+    store = await make_store()
+    _, first = await store.decide([1, 2], INSTANCES, PairChooser("ab1", [1, 2], "a", "b"))
+    await store.release(first)  # a and b now hold [1, 2]
+    snap, second = await store.decide([1, 2, 3, 4], INSTANCES, PairChooser("ab2", [1, 2, 3, 4], "a", "c"))
+    await store.abandon(second, snap.matched)
+    view = await store.snapshot([1, 2, 3, 4], INSTANCES)
+    assert view.matched == {"a": 2, "b": 2, "c": 0}
+    assert all(load == Load() for load in view.loads.values())

@@ -33,7 +33,7 @@ local function drop_booking(id)
   for _, leg in ipairs(cjson.decode(v[1])) do
     if pending then
       add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers)
-    else
+    elseif not leg.transient then
       add_load(leg.instance, -1, 0, -leg.kv_tokens, 0)
     end
   end
@@ -78,6 +78,16 @@ end
 
 local function unhold(inst, members)
   for _, key in ipairs(members) do redis.call('HDEL', P .. ':blk:' .. key, inst) end
+end
+
+-- undo: {instance: [block keys]} recorded speculatively for a request that went elsewhere.
+local function undo_residency(undo)
+  for inst, keys in pairs(undo) do
+    if #keys > 0 then
+      unhold(inst, keys)
+      redis.call('ZREM', P .. ':lru:' .. inst, unpack(keys))
+    end
+  end
 end
 
 -- Record that inst holds keys (one whole prefix). Recency is a namespace-wide sequence

@@ -2,11 +2,6 @@
 -- take back the prefix blocks the first choice's instances did not hold before.
 local now = now_ms()
 drop_booking(A.booking.id)
-for inst, keys in pairs(A.undo) do
-  if #keys > 0 then
-    unhold(inst, keys)
-    redis.call('ZREM', P .. ':lru:' .. inst, unpack(keys))
-  end
-end
+undo_residency(A.undo)
 book(A.booking, now, A.lease_ms, A.ttl_ms, A.caps)
 return 1

@@ -4,6 +4,10 @@ local v = redis.call('HMGET', bk, 'legs', 'pfdone')
 if not v[1] or v[2] == '1' then return 0 end
 redis.call('HSET', bk, 'pfdone', '1')
 for _, leg in ipairs(cjson.decode(v[1])) do
-  add_load(leg.instance, 0, -leg.prefill_tokens, 0, -leg.transfers)
+  if leg.transient then
+    add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers)
+  else
+    add_load(leg.instance, 0, -leg.prefill_tokens, 0, -leg.transfers)
+  end
 end
 return 1
