@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "router.server",
     "router.emulator.cli",
     "router.demo",
+    "router.replay.cli",
 )
 
 

@@ -27,9 +27,16 @@ def text_block_keys(text: str, block_chars: int, seed: int, max_blocks: int) -> 
     keys: list[int] = []
     prev = seed
     n_blocks = min(len(text) // block_chars, max_blocks)
+    digest = xxhash.xxh64_intdigest
+    if text.isascii():  # one encode, then byte slices: characters and bytes coincide
+        data = text[: n_blocks * block_chars].encode("ascii")
+        for start in range(0, n_blocks * block_chars, block_chars):
+            prev = digest(_TEXT_DOMAIN + data[start : start + block_chars], seed=prev)
+            keys.append(prev)
+        return keys
     for i in range(n_blocks):
         chunk = text[i * block_chars : (i + 1) * block_chars]
-        prev = xxhash.xxh64_intdigest(_TEXT_DOMAIN + chunk.encode("utf-8", "surrogatepass"), seed=prev)
+        prev = digest(_TEXT_DOMAIN + chunk.encode("utf-8", "surrogatepass"), seed=prev)
         keys.append(prev)
     return keys
 

@@ -8,9 +8,9 @@ all call the same ``Policy.choose``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from router.state.base import Load, Snapshot
 
@@ -40,9 +40,9 @@ class Candidate:
     kv_bytes_per_token: int | None = None
 
 
-@dataclass(frozen=True)
-class View:
-    """A candidate as a policy sees it for one request."""
+class View(NamedTuple):
+    """A candidate as a policy sees it for one request (a tuple: built per candidate per
+    decision, so it must be cheap)."""
 
     candidate: Candidate
     matched_blocks: int
@@ -66,8 +66,8 @@ class Decision:
     instance: str  # answers the client: the colocated or decode instance
     acceptable: frozenset[str]  # route keys of the near-ties the picker chose among
     reason: str  # which rule decided, for metrics and /debug/route
-    scores: dict[str, float] = field(default_factory=dict)  # per route key
-    terms: dict[str, dict[str, float]] = field(default_factory=dict)  # per route key: cost terms
+    scores: Mapping[str, float] = field(default_factory=dict)  # per route key
+    terms: Mapping[str, dict[str, float]] = field(default_factory=dict)  # per route key: cost terms
     prefill: str | None = None  # remote prefill instance, when disaggregated
     mode: str = "colocated"  # colocated | disaggregated | decode_only
     estimate_s: float | None = None  # predicted TTFT of the chosen route, when the policy has one
@@ -101,8 +101,35 @@ class Policy(Protocol):
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision: ...
 
 
+_IDLE = Load()
+
+
 def build_views(candidates: Sequence[Candidate], snap: Snapshot) -> list[View]:
-    return [View(c, snap.matched.get(c.id, 0), snap.loads.get(c.id, Load())) for c in candidates]
+    matched, loads = snap.matched, snap.loads
+    return [View(c, matched.get(c.id, 0), loads.get(c.id, _IDLE)) for c in candidates]
+
+
+class LazyTerms(Mapping[str, dict[str, float]]):
+    """Per-route cost terms, built only when read (by /debug/route or calibration):
+    building hundreds of small dicts on every decision would dominate its cost."""
+
+    def __init__(self, build: Callable[[], dict[str, dict[str, float]]]) -> None:
+        self._build = build
+        self._data: dict[str, dict[str, float]] | None = None
+
+    def _get(self) -> dict[str, dict[str, float]]:
+        if self._data is None:
+            self._data = self._build()
+        return self._data
+
+    def __getitem__(self, key: str) -> dict[str, float]:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 class Pipeline:
@@ -134,18 +161,30 @@ class Pipeline:
             kept = flt.keep(req, views)
             if kept and len(kept) < len(views):
                 views, reason = kept, f"score after {flt.name}"
-        totals = [0.0] * len(views)
         per_scorer: dict[str, list[float]] = {}
+        totals: list[float] = [0.0] * len(views)
         for scorer, weight in self._scorers:
             values = scorer.score(req, views)
             per_scorer[scorer.name] = values
-            totals = [t + weight * v for t, v in zip(totals, values)]
+            if len(self._scorers) == 1 and weight == 1.0:
+                totals = values
+            else:
+                totals = [t + weight * v for t, v in zip(totals, values)]
         chosen, acceptable = self._picker.pick(views, totals)
-        terms = {v.id: {name: vals[i] for name, vals in per_scorer.items()} for i, v in enumerate(views)}
-        scores = {v.id: totals[i] for i, v in enumerate(views)}
+        ids = [v.id for v in views]
+
+        def terms() -> dict[str, dict[str, float]]:
+            return {i: {name: vals[k] for name, vals in per_scorer.items()} for k, i in enumerate(ids)}
+
         estimate = None
         for scorer, _ in self._scorers:
-            if hasattr(scorer, "estimates"):
-                chosen_view = next(v for v in views if v.id == chosen)
-                estimate = scorer.estimates(req, [chosen_view])[0]
-        return Decision(chosen, acceptable, reason, scores, terms, estimate_s=estimate)
+            predict = getattr(scorer, "estimate", None)  # an Estimator
+            if predict is not None:
+                estimate = predict(req, views[ids.index(chosen)])
+        return Decision(chosen, acceptable, reason, dict(zip(ids, totals)), LazyTerms(terms), estimate_s=estimate)
+
+
+class Estimator(Protocol):
+    """A scorer that can also predict the chosen instance's TTFT in seconds."""
+
+    def estimate(self, req: RouteRequest, view: View) -> float: ...

@@ -45,15 +45,38 @@ class KVUtilisationScorer:
 
 
 class TTFTScorer:
-    """best estimated TTFT / this instance's estimate: 1 for the fastest, in (0, 1]."""
+    """best estimated TTFT / this instance's estimate: 1 for the fastest, in (0, 1].
+
+    The estimate is cost.colocated_ttft, inlined here because it runs for every
+    candidate of every decision."""
 
     name = "ttft"
 
     def __init__(self, weights: TTFTWeights) -> None:
         self._weights = weights
 
+    def estimate(self, req: RouteRequest, view: View) -> float:
+        return colocated_ttft(req, view, self._weights).total_s
+
     def estimates(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
-        return [colocated_ttft(req, v, self._weights).total_s for v in views]
+        w = self._weights
+        default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
+        attention, interference = w.attention_s_per_token2, w.decode_interference_s
+        prompt, block = req.prompt_tokens, req.block_tokens
+        full = attention * prompt * prompt / 2
+        out = []
+        for cand, matched, load in views:
+            rate = cand.prefill_tokens_per_s or default_rate
+            cached = matched * block
+            if cached > prompt:
+                cached = prompt
+            out.append(
+                (load.prefill_tokens + prompt - cached) / rate
+                + overhead
+                + full - attention * cached * cached / 2
+                + interference * load.requests
+            )
+        return out
 
     def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
         est = self.estimates(req, views)

@@ -13,6 +13,9 @@ from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
 from router.state.residency import ResidencyIndex
 
 
+_IDLE = Load()
+
+
 class MemoryStore(StateStore):
     def __init__(
         self,
@@ -25,14 +28,15 @@ class MemoryStore(StateStore):
         self._default_cap = default_cap
         self._clock = clock
         self._residency = ResidencyIndex(residency_ttl_s)
-        self._loads: dict[str, list[int]] = {}  # instance -> [requests, prefill, kv, transfers]
+        self._loads: dict[str, Load] = {}
         self._bookings: dict[str, Booking] = {}
         self._prefilled: set[str] = set()
 
     # -- reads ---------------------------------------------------------------------------
     def _snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         matched = self._residency.matched(keys, instances, self._clock())
-        loads = {i: Load(*self._loads[i]) if i in self._loads else Load() for i in instances}
+        loads = self._loads
+        loads = {i: loads.get(i, _IDLE) for i in instances}
         return Snapshot(matched, loads)
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -66,7 +70,7 @@ class MemoryStore(StateStore):
         self._residency.unrecord(instance, keys)
 
     def set_load(self, instance: str, load: Load) -> None:
-        self._loads[instance] = [load.requests, load.prefill_tokens, load.kv_tokens, load.transfers]
+        self._loads[instance] = load
 
     async def prefill_done(self, booking: Booking) -> None:
         if booking.id in self._bookings and booking.id not in self._prefilled:
@@ -97,6 +101,10 @@ class MemoryStore(StateStore):
         self._residency.forget(instance)
 
     def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
-        load = self._loads.setdefault(instance, [0, 0, 0, 0])
-        for i, value in enumerate((delta.requests, delta.prefill_tokens, delta.kv_tokens, delta.transfers)):
-            load[i] = max(0, load[i] + sign * value)
+        old = self._loads.get(instance, _IDLE)
+        self._loads[instance] = Load(
+            max(0, old.requests + sign * delta.requests),
+            max(0, old.prefill_tokens + sign * delta.prefill_tokens),
+            max(0, old.kv_tokens + sign * delta.kv_tokens),
+            max(0, old.transfers + sign * delta.transfers),
+        )

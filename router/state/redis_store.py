@@ -99,22 +99,27 @@ class RedisStore(StateStore):
     def _parse_view(raw: str, instances: Sequence[str]) -> Snapshot:
         view = json.loads(raw)
         matched = view.get("matched") or []
-        loads = view.get("loads") or []
-        return Snapshot(
-            matched={inst: int(matched[i]) for i, inst in enumerate(instances)},
-            loads={inst: Load(*(int(x) for x in loads[i])) for i, inst in enumerate(instances)},
-        )
+        packed = view.get("loads") or []
+        idle = Load()
+        loads = {}
+        for inst, text in zip(instances, packed):
+            if text:
+                r, p, k, t = text.split(":")
+                loads[inst] = Load(int(r), int(p), int(k), int(t))
+            else:
+                loads[inst] = idle
+        return Snapshot(matched={inst: int(m) for inst, m in zip(instances, matched)}, loads=loads)
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         raw = await self._call("lookup", {"instances": list(instances), "keys": [str(k) for k in keys]})
         return self._parse_view(raw, instances)
 
-    def _book_args(self, booking: Booking) -> dict[str, Any]:
+    def _book_args(self, booking: Booking, with_keys: bool = True) -> dict[str, Any]:
         return {
             "booking": {
                 "id": booking.id,
                 "legs": [dataclasses.asdict(leg) for leg in booking.legs],
-                "keys": [str(k) for k in booking.keys],
+                "keys": [str(k) for k in booking.keys] if with_keys else [],
             },
             "lease_ms": self._lease_ms,
             "ttl_ms": self._ttl_ms,
@@ -128,24 +133,29 @@ class RedisStore(StateStore):
 
         Own bookings reach Redis one round trip late, the shared view lacks those still
         in flight; the field-wise max is a lower bound of the truth that sees both."""
-        own_minus = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
+        legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
+        idle = Load()
         loads = {}
         for inst, own in snap.loads.items():
-            own_fields = dataclasses.astuple(own)
-            leg = own_minus.get(inst)
+            leg = legs.get(inst)
             if leg is not None:
-                own_fields = tuple(
-                    max(0, a - b) for a, b in zip(own_fields, (1, leg.prefill_tokens, leg.kv_tokens, leg.transfers))
-                )
-            other = dataclasses.astuple(remote.get(inst, Load()))
-            loads[inst] = Load(*(max(a, b) for a, b in zip(own_fields, other)))
+                own = Load(max(0, own.requests - 1), max(0, own.prefill_tokens - leg.prefill_tokens),
+                           max(0, own.kv_tokens - leg.kv_tokens), max(0, own.transfers - leg.transfers))
+            other = remote.get(inst, idle)
+            if other is idle or other == own:
+                loads[inst] = own
+            else:
+                loads[inst] = Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
+                                   max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers))
         return Snapshot(snap.matched, loads)
 
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
         local = self._merged(self._mirror._snapshot(keys, instances), self._remote)
         booking = choose(local)
         self._mirror.book(booking)  # concurrent decisions in this replica see it at once
-        args = {"instances": list(instances), "keys": [str(k) for k in keys], **self._book_args(booking)}
+        same = tuple(booking.keys) == tuple(keys)
+        args = {"instances": list(instances), "keys": [str(k) for k in keys], "same_keys": same,
+                **self._book_args(booking, with_keys=not same)}
         try:
             shared = self._parse_view(await self._call("route", args), instances)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:

@@ -39,18 +39,31 @@ class ResidencyIndex:
             self._drop(key, instance)
 
     def matched(self, keys: Sequence[int], instances: Iterable[str], now: float) -> dict[str, int]:
-        """Leading blocks of ``keys`` held by each instance (0 when none)."""
+        """Leading blocks of ``keys`` held by each instance (0 when none).
+
+        Only instances holding the first key can match; each one's depth is found by
+        binary search, valid because an instance's run of a prefix is contiguous (prefixes
+        are recorded whole, evicted tail first, expire tail first) — so the cost is
+        O(holders x log blocks), not O(blocks)."""
         result = dict.fromkeys(instances, 0)
-        alive = set(result)
-        for depth, key in enumerate(keys, start=1):
-            holders = self._holders.get(key)
-            if not holders:
-                break
-            alive = {i for i in alive if holders.get(i, 0.0) > now}
-            if not alive:
-                break
-            for inst in alive:
-                result[inst] = depth
+        if not keys:
+            return result
+        first = self._holders.get(keys[0])
+        if not first:
+            return result
+        holders = self._holders
+        for inst, expiry in first.items():
+            if inst not in result or expiry <= now:
+                continue
+            lo, hi = 1, len(keys)  # keys[:lo] held; find the largest such lo
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                entry = holders.get(keys[mid - 1])
+                if entry is not None and entry.get(inst, 0.0) > now:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            result[inst] = lo
         return result
 
     def forget(self, instance: str) -> None:

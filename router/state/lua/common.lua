@@ -3,7 +3,7 @@
 -- Keys: P:blk:<block key>  hash instance -> residency expiry (ms), PEXPIRE'd
 --       P:lru:<instance>   zset block key -> recency, capped at the instance's capacity
 --       P:seq              recency sequence
---       P:load:<instance>  hash req / pf / kv / tx booked load
+--       P:loads            hash instance -> "requests:prefill:kv:transfers" booked load
 --       P:bk:<booking id>  hash legs (JSON) / pfdone
 --       P:leases           zset booking id -> lease expiry (ms)
 local P = ARGV[1]
@@ -15,13 +15,15 @@ local function now_ms()
 end
 
 local function add_load(inst, req, pf, kv, tx)
-  local k = P .. ':load:' .. inst
-  local v = redis.call('HMGET', k, 'req', 'pf', 'kv', 'tx')
-  redis.call('HSET', k,
-    'req', math.max(0, (tonumber(v[1]) or 0) + req),
-    'pf', math.max(0, (tonumber(v[2]) or 0) + pf),
-    'kv', math.max(0, (tonumber(v[3]) or 0) + kv),
-    'tx', math.max(0, (tonumber(v[4]) or 0) + tx))
+  local k = P .. ':loads'
+  local r, p, v, t = 0, 0, 0, 0
+  local old = redis.call('HGET', k, inst)
+  if old then
+    local a, b, c, d = string.match(old, '^(%d+):(%d+):(%d+):(%d+)$')
+    r, p, v, t = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+  end
+  r, p, v, t = math.max(0, r + req), math.max(0, p + pf), math.max(0, v + kv), math.max(0, t + tx)
+  redis.call('HSET', k, inst, string.format('%d:%d:%d:%d', r, p, v, t))
 end
 
 local function drop_booking(id)
@@ -48,30 +50,36 @@ local function sweep(now)
   return #ids
 end
 
+-- Leading blocks of keys held by each instance. Only holders of the first key can match;
+-- each one's depth is found by binary search (an instance's run of a prefix is contiguous:
+-- recorded whole, evicted and expired tail first), so the cost is O(holders x log blocks).
 local function lookup(insts, keys, now)
-  local alive = {}
+  local index = {}
   local matched = {}
-  for i, inst in ipairs(insts) do alive[inst] = i; matched[i] = 0 end
-  for depth, key in ipairs(keys) do
-    local fields = redis.call('HGETALL', P .. ':blk:' .. key)
-    if #fields == 0 then break end
-    local next_alive = {}
-    local count = 0
-    for j = 1, #fields, 2 do
-      local idx = alive[fields[j]]
-      if idx and tonumber(fields[j + 1]) > now then
-        next_alive[fields[j]] = idx
-        matched[idx] = depth
-        count = count + 1
+  for i, inst in ipairs(insts) do index[inst] = i; matched[i] = 0 end
+  local n = #keys
+  if n > 0 then
+    local first = redis.call('HGETALL', P .. ':blk:' .. keys[1])
+    for j = 1, #first, 2 do
+      local inst = first[j]
+      local idx = index[inst]
+      if idx and tonumber(first[j + 1]) > now then
+        local lo, hi = 1, n
+        while lo < hi do
+          local mid = math.floor((lo + hi + 1) / 2)
+          local expiry = redis.call('HGET', P .. ':blk:' .. keys[mid], inst)
+          if expiry and tonumber(expiry) > now then lo = mid else hi = mid - 1 end
+        end
+        matched[idx] = lo
       end
     end
-    if count == 0 then break end
-    alive = next_alive
   end
   local loads = {}
-  for i, inst in ipairs(insts) do
-    local v = redis.call('HMGET', P .. ':load:' .. inst, 'req', 'pf', 'kv', 'tx')
-    loads[i] = {tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0}
+  if #insts > 0 then
+    for i = 1, #insts, 4000 do
+      local part = redis.call('HMGET', P .. ':loads', unpack(insts, i, math.min(#insts, i + 3999)))
+      for j = 1, #part do loads[i + j - 1] = part[j] or '' end
+    end
   end
   return {matched = matched, loads = loads}
 end
@@ -93,17 +101,26 @@ end
 -- Record that inst holds keys (one whole prefix). Recency is a namespace-wide sequence
 -- (strictly increasing, unlike a millisecond clock); deeper blocks get lower recency so
 -- capacity eviction trims a prefix from its tail, as engines do.
-local function record(inst, keys, now, ttl_ms, cap)
+-- held: leading keys the lookup found on inst; while their expiry is more than half a
+-- TTL away only their recency is touched, so a hot prefix costs one write per new block.
+local function record(inst, keys, now, ttl_ms, cap, held)
   local n = #keys
   if n == 0 then return end
   local lru = P .. ':lru:' .. inst
   local expiry = now + ttl_ms
+  held = math.min(held or 0, n)
+  if held > 0 then
+    local last = redis.call('HGET', P .. ':blk:' .. keys[held], inst)
+    if not last or tonumber(last) < now + ttl_ms / 2 then held = 0 end
+  end
   local seq = redis.call('INCR', P .. ':seq')
   local batch = {}
   for depth, key in ipairs(keys) do
-    local blk = P .. ':blk:' .. key
-    redis.call('HSET', blk, inst, expiry)
-    redis.call('PEXPIRE', blk, ttl_ms)
+    if depth > held then
+      local blk = P .. ':blk:' .. key
+      redis.call('HSET', blk, inst, expiry)
+      redis.call('PEXPIRE', blk, ttl_ms)
+    end
     batch[#batch + 1] = seq + (n - depth + 1) / (n + 1)
     batch[#batch + 1] = key
     if #batch >= 512 then redis.call('ZADD', lru, unpack(batch)); batch = {} end
@@ -119,14 +136,14 @@ local function record(inst, keys, now, ttl_ms, cap)
 end
 
 -- Book every leg and record the prompt's prefix on each leg's instance.
-local function book(b, now, lease_ms, ttl_ms, caps)
+local function book(b, now, lease_ms, ttl_ms, caps, held)
   local bk = P .. ':bk:' .. b.id
   if redis.call('EXISTS', bk) == 1 then return 0 end
   redis.call('HSET', bk, 'legs', cjson.encode(b.legs), 'pfdone', '0')
   redis.call('ZADD', P .. ':leases', now + lease_ms, b.id)
   for _, leg in ipairs(b.legs) do
     add_load(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers)
-    record(leg.instance, b.keys, now, ttl_ms, caps[leg.instance])
+    record(leg.instance, b.keys, now, ttl_ms, caps[leg.instance], held and held[leg.instance])
   end
   return 1
 end

@@ -1,0 +1,140 @@
+"""Microbenchmark: the cost of one routing decision versus pool size and prompt length.
+
+A decision = canonical prompt -> block keys (hash) + residency look-up + scoring + booking
+(``routing.decide`` with the default ``ttft`` policy). Residency is pre-filled so every
+instance holds prefixes and the request's own prefix sits on a few instances. Measured for
+the memory store and, with ``--redis URL``, the Redis store (round trips counted).
+
+    python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.report import table, write_section  # noqa: E402
+from router.config import HashingConfig, PolicyConfig  # noqa: E402
+from router.hashing import root_seed, text_block_keys  # noqa: E402
+from router.policy import Candidate, RouteRequest, build_policy  # noqa: E402
+from router.routing import decide  # noqa: E402
+from router.state.base import Booking  # noqa: E402
+from router.state.memory import MemoryStore  # noqa: E402
+
+HASHING = HashingConfig()
+
+
+class Forced:
+    """A chooser that books a given instance (to lay down residency before measuring)."""
+
+    def __init__(self, booking_id: str, instance: str, keys: list[int]) -> None:
+        self.booking = Booking.single(booking_id, instance, 0, 0, keys)
+
+    def __call__(self, snap):
+        return self.booking
+
+    def revise(self, snap, booking):
+        return None
+
+
+def make_text(tokens: int, rng: random.Random) -> str:
+    words = ["alpha", "beta", "gamma", "delta", "omega", "router", "cache", "prefill"]
+    out, size = [], 0
+    while size < tokens * HASHING.chars_per_token:
+        w = rng.choice(words)
+        out.append(w)
+        size += len(w) + 1
+    return " ".join(out)
+
+
+async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterations: int) -> dict[str, float]:
+    rng = random.Random(n_instances * 7 + prompt_tokens)
+    cands = [Candidate(f"i{i}", cache_tokens=2_000_000, prefill_tokens_per_s=10_000) for i in range(n_instances)]
+    ids = [c.id for c in cands]
+    store = await store_factory(ids)
+    policy = build_policy(PolicyConfig(seed=1))
+    seed = root_seed("m")
+    text = make_text(prompt_tokens, rng)
+    keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
+    # warm residency through real bookings: the request's prefix, to various depths, on a few instances
+    for i, inst in enumerate(rng.sample(ids, min(4, n_instances))):
+        depth = max(1, len(keys) * (i + 1) // 5)
+        _, booking = await store.decide(keys[:depth], ids, Forced(f"warm{i}", inst, keys[:depth]))
+        await store.release(booking)
+    hash_s, decide_s = [], []
+    trips = 0
+    for it in range(iterations):
+        t0 = time.perf_counter()
+        k = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
+        t1 = time.perf_counter()
+        req = RouteRequest(f"r{it}", tuple(k), prompt_tokens, 256, HASHING.block_tokens)
+        before = store.round_trips
+        routed = await decide(store, policy, req, cands)
+        t2 = time.perf_counter()
+        trips += store.round_trips - before
+        await store.release(routed.booking)
+        hash_s.append(t1 - t0)
+        decide_s.append(t2 - t1)
+    trips /= iterations
+    await store.close()
+    med = statistics.median
+    return {"hash_us": med(hash_s) * 1e6, "decide_us": med(decide_s) * 1e6,
+            "total_us": med([a + b for a, b in zip(hash_s, decide_s)]) * 1e6, "blocks": len(keys), "trips": trips}
+
+
+def memory_factory():
+    async def make(ids):
+        store = MemoryStore({i: 10_000_000 for i in ids}, 600.0)
+        await store.start()
+        return store
+    return make
+
+
+def redis_factory(url: str):
+    from router.state.redis_store import RedisStore
+
+    async def make(ids):
+        store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5)
+        await store.start()
+        return store
+    return make
+
+
+async def main(args: argparse.Namespace) -> int:
+    rows = []
+    stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else [])
+    for name, factory in stores:
+        for n in args.instances:
+            for tokens in args.tokens:
+                iters = max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1))
+                r = await bench_case(factory, n, tokens, iters)
+                rows.append([name, n, tokens, r["blocks"], f"{r['hash_us']:.0f}", f"{r['decide_us']:.0f}",
+                             f"{r['total_us']:.0f}", f"{r['trips']:.0f}"])
+                print(" | ".join(str(c) for c in rows[-1]), flush=True)
+    out = table(["store", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
+                 "Redis round trips / decision"], rows)
+    print(out)
+    if args.write:
+        note = ("Target: a decision (hash + decide) ≤ 200 µs at 256 instances × 32K tokens. "
+                "`decide` = residency look-up, `ttft` scoring of every instance, booking (memory: in-process; "
+                "Redis: one Lua round trip to a local redis-server).")
+        write_section("Decision cost at scale", "python loadtests/decision_cost.py --redis redis://127.0.0.1:6399/0 --write",
+                      note + "\n\n" + out)
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--redis", help="also measure the Redis store at this URL")
+    p.add_argument("--instances", type=int, nargs="+", default=[8, 64, 256, 1024])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
+    p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
+    raise SystemExit(asyncio.run(main(p.parse_args())))
