@@ -21,7 +21,7 @@ class Calibrator:
 
     def observe(self, instance: str, estimated_s: float, actual_s: float) -> float | None:
         """Fold one measurement in; return the new factor (None when nothing changed)."""
-        if not self._config.enabled or estimated_s <= 0 or actual_s <= 0:
+        if not self._config.enabled or estimated_s <= 0 or actual_s <= 0 or estimated_s < self._config.min_estimate_s:
             return None
         c = self._config
         ratio = actual_s / estimated_s

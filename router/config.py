@@ -17,7 +17,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
-PolicyName = Literal["ttft", "round_robin", "random", "least_loaded", "cache_aware"]
+PolicyName = Literal[
+    "ttft", "round_robin", "random", "least_loaded", "cache_aware",
+    "sglang_cache_aware", "llmd_weighted", "dynamo_cost",  # peers' policies, router/policy/baselines.py
+]
 
 
 class _Strict(BaseModel):
@@ -89,7 +92,7 @@ class TTFTWeights(_Strict):
     request_overhead_s: float = Field(default=0.005, ge=0, description="fixed cost per queued request")
     decode_interference_s: float = Field(default=0.002, ge=0, description="added delay per running request on the instance")
     tie_tolerance: float = Field(default=0.05, ge=0, lt=1, description="estimates within this fraction of the best are a tie, broken randomly")
-    bounded_load_factor: float = Field(default=1.25, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
+    bounded_load_factor: float = Field(default=2.0, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
     bounded_load_slack: int = Field(default=2, ge=0, description="in-flight requests always allowed above the mean before the bound applies")
 
 
@@ -140,6 +143,8 @@ class CalibrationConfig(_Strict):
     alpha: float = Field(default=0.2, gt=0, le=1, description="EWMA weight of each new observation")
     min_factor: float = Field(default=0.2, gt=0)
     max_factor: float = Field(default=5.0, gt=1)
+    min_estimate_s: float = Field(default=0.05, ge=0, description="only estimates at least this long are compared: "
+                                  "shorter ones are dominated by fixed costs the rate model does not describe")
 
 
 class ProxyConfig(_Strict):

@@ -43,6 +43,9 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> 
         node=ic.labels.get("node"),
         zone=ic.labels.get("zone"),
         kv_bytes_per_token=ic.kv_bytes_per_token,
+        # A vLLM decode instance prefills whatever KV it was not handed; an SGLang decode
+        # worker only serves requests paired with a prefill through a bootstrap room.
+        standalone=ic.role == "mixed" or (ic.role == "decode" and ic.flavor == "vllm"),
     )
 
 

@@ -136,7 +136,10 @@ class RouterService:
                 retry_after = max(1, round(exc.decision.estimate_s or 1))
                 raise self._reject(RouterError(429, str(exc), type="rate_limit_error", code="ttft_slo",
                                                headers={"Retry-After": str(retry_after)})) from None
-            except NoRoute:
+            except NoRoute as exc:
+                if tried.prefill_failures:
+                    raise self._reject(RouterError(502, f"prefill failed and {exc}", type="upstream_error",
+                                                   code="prefill_failed")) from None
                 break
             result = await self._dispatch(routed, endpoint, parsed, raw, headers, request_id, tried)
             if result is not None:

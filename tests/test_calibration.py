@@ -4,7 +4,7 @@ from router.instances import InstancePool
 
 
 def test_factor_converges_to_measured_slowdown_and_is_bounded():
-    cal = Calibrator(CalibrationConfig(alpha=0.5, min_factor=0.2, max_factor=5))
+    cal = Calibrator(CalibrationConfig(alpha=0.5, min_factor=0.2, max_factor=5, min_estimate_s=0.0))
     for _ in range(30):
         f = cal.factor("a")
         cal.observe("a", estimated_s=1.0 * f, actual_s=2.0)  # the engine is twice as slow as declared
@@ -13,6 +13,12 @@ def test_factor_converges_to_measured_slowdown_and_is_bounded():
         cal.observe("b", estimated_s=1.0, actual_s=100.0)
     assert cal.factor("b") == 5
     assert cal.observe("c", 0.0, 1.0) is None and cal.factor("c") == 1.0
+
+
+def test_short_estimates_are_not_compared():
+    cal = Calibrator(CalibrationConfig(min_estimate_s=0.05))
+    assert cal.observe("a", 0.01, 0.05) is None and cal.factor("a") == 1.0
+    assert cal.observe("a", 0.1, 0.2) is not None and cal.factor("a") > 1.0
 
 
 def test_disabled_calibration_changes_nothing():

@@ -38,6 +38,7 @@ class Candidate:
     node: str | None = None
     zone: str | None = None
     kv_bytes_per_token: int | None = None
+    standalone: bool = True  # can serve a request without a remote prefill (SGLang decode workers cannot)
 
 
 class View(NamedTuple):

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from router.config import CacheAwareWeights, PDConfig, PolicyConfig
 from router.policy.base import Candidate, Decision, Pipeline, Policy, RouteRequest, build_views
+from router.policy.baselines import BASELINE_NAMES, build_baseline
 from router.policy.filters import BoundedLoadFilter
 from router.policy.pd import IndependentPDPolicy, PairTTFTPolicy
 from router.policy.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
@@ -79,4 +80,6 @@ def _colocated(config: PolicyConfig, rng: random.Random) -> Policy:
         return Pipeline("least_loaded", [(LeastRequestsScorer(), 1.0)], MaxScorePicker(rng))
     if name == "cache_aware":
         return CacheAwarePolicy(config.cache_aware, rng)
+    if name in BASELINE_NAMES:
+        return build_baseline(config, rng)
     raise ValueError(f"unknown policy {name!r}")

@@ -80,7 +80,8 @@ class PairTTFTPolicy:
         ``selective_threshold_tokens`` of the prompt, there is no usable prefill instance,
         or the queue ahead on the best pair's prefill instance alone outlasts doing the
         whole request locally. Otherwise prefill stays off the decode instances, whose
-        time between tokens is what PD protects.
+        time between tokens is what PD protects. SGLang decode workers never serve alone
+        (they only take requests paired through a bootstrap room).
         """
         prefills, decodes = split_pools(views)
         if not decodes:
@@ -99,6 +100,8 @@ class PairTTFTPolicy:
         best_pair = min((c for c, _, _ in pairs.values()), key=lambda c: c.total_s, default=None)
         out = dict(pairs)
         for d in decodes:
+            if not d.candidate.standalone:
+                continue
             local = self._local(req, d)
             if (
                 d.candidate.role == "mixed"
@@ -112,6 +115,8 @@ class PairTTFTPolicy:
     # -- the choice ----------------------------------------------------------------------
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision:
         routes = self.routes(req, build_views(candidates, snap))
+        if not routes:
+            raise NoRoute("no compatible prefill instance for decode instances that cannot prefill alone")
         best = min(cost.total_s for cost, _, _ in routes.values())
         ties = [key for key, (cost, _, _) in routes.items() if cost.total_s <= best * (1 + self._w.tie_tolerance) + 1e-12]
         key = self._rng.choice(ties)
@@ -152,6 +157,9 @@ class IndependentPDPolicy:
         if not decodes:
             raise NoRoute("no decode or mixed instance is available")
         if not prefills:
+            decodes = [c for c in decodes if c.standalone]
+            if not decodes:
+                raise NoRoute("no prefill instance, and no decode instance can prefill alone")
             return self._decode.choose(req, decodes, snap)
         p = self._prefill.choose(req, prefills, snap)
         p_compat = next(c.compat for c in prefills if c.id == p.instance)

@@ -4,7 +4,9 @@ import random
 
 from router.config import PDConfig, PolicyConfig, TTFTWeights
 from router.policy import Candidate, RouteRequest, build_policy
-from router.policy.pd import PairTTFTPolicy
+import pytest
+
+from router.policy.pd import NoRoute, PairTTFTPolicy
 from router.state.base import Load, Snapshot
 
 COMPAT = ("m", "auto", 16, "vllm")
@@ -108,3 +110,13 @@ def test_independent_baseline_ignores_transfer_and_decode_cache():
     d = pol.choose(req(), CLUSTER, snap(CLUSTER, matched={"p1": 128}, loads={"d1": Load(5, 0, 0, 0)}))
     assert d.mode == "disaggregated" and d.prefill == "p1" and d.instance == "d2"
     assert d.reason.startswith("independent")
+
+
+def test_sglang_decode_workers_never_serve_alone():
+    sp = cand("sp", "prefill", compat=("m", "auto", 16, "sglang"))
+    sd = cand("sd", "decode", compat=("m", "auto", 16, "sglang"), standalone=False)
+    cands = [sp, sd]
+    d = policy().choose(req(), cands, snap(cands, matched={"sd": 127}))  # even with the prefix cached on D
+    assert d.mode == "disaggregated" and d.prefill == "sp"
+    with pytest.raises(NoRoute):
+        policy().choose(req(), [sd], snap([sd]))

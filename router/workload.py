@@ -1,0 +1,148 @@
+"""A seeded shared-prefix workload and a closed-loop HTTP driver that measures TTFT.
+
+The shape follows llm-d's "shared prefix" benchmark: G groups (tenants) each with a long
+system prompt, U users per group asking their own questions. It is the workload where a
+cache-blind router recomputes every group's prefix on every instance, and a cache-greedy
+one herds each group onto one instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+_WORDS = (
+    "account", "billing", "cluster", "deploy", "engine", "failover", "gateway", "latency", "memory", "network",
+    "operator", "policy", "quota", "replica", "schedule", "storage", "throughput", "upgrade", "volume", "window",
+)
+
+
+@dataclass(frozen=True)
+class SharedPrefixWorkload:
+    groups: int = 6
+    users: int = 4
+    system_chars: int = 6000
+    question_chars: int = 400
+    max_tokens: int = 24
+    requests: int = 120
+    seed: int = 0
+
+    def _text(self, rng: random.Random, chars: int) -> str:
+        words: list[str] = []
+        size = 0
+        while size < chars:
+            word = rng.choice(_WORDS)
+            words.append(word)
+            size += len(word) + 1
+        return " ".join(words)[:chars]
+
+    def bodies(self) -> list[dict]:
+        """The request bodies, in arrival order (deterministic for a seed)."""
+        rng = random.Random(self.seed)
+        systems = [f"Tenant {g} policy handbook. " + self._text(rng, self.system_chars) for g in range(self.groups)]
+        questions = {(g, u): self._text(rng, self.question_chars) for g in range(self.groups) for u in range(self.users)}
+        out = []
+        for i in range(self.requests):
+            g, u = rng.randrange(self.groups), rng.randrange(self.users)
+            out.append({
+                "model": "demo-model",
+                "messages": [
+                    {"role": "system", "content": systems[g]},
+                    {"role": "user", "content": f"[{i}] {questions[(g, u)]}"},
+                ],
+                "max_tokens": self.max_tokens,
+                "stream": True,
+            })
+        return out
+
+
+@dataclass
+class RunResult:
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    output_chunks: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def percentile(self, values: list[float], q: float) -> float:
+        if not values:
+            return float("nan")
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def ttft_p50(self) -> float:
+        return statistics.median(self.ttft_s) if self.ttft_s else float("nan")
+
+    @property
+    def ttft_p90(self) -> float:
+        return self.percentile(self.ttft_s, 0.9)
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict, result: RunResult) -> None:
+    started = time.perf_counter()
+    first = None
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode("utf-8", "replace")
+                raise RuntimeError(f"HTTP {resp.status_code}: {text[:200]}")
+            done = False
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"stream error: {chunk['error']}")
+                if first is None:
+                    first = time.perf_counter() - started
+                result.output_chunks += 1
+            if not done:
+                raise RuntimeError("stream ended without [DONE]")
+    except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+        result.errors += 1
+        if len(result.error_samples) < 3:
+            result.error_samples.append(str(exc)[:200])
+        return
+    result.ttft_s.append(first if first is not None else time.perf_counter() - started)
+    result.latency_s.append(time.perf_counter() - started)
+
+
+async def drive(router_url: str, bodies: list[dict], concurrency: int,
+                progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Send ``bodies`` through ``router_url`` with ``concurrency`` closed-loop clients."""
+    result = RunResult()
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    done = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as client:
+
+        async def worker() -> None:
+            nonlocal done
+            while True:
+                try:
+                    body = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                await _one(client, router_url + "/v1/chat/completions", body, result)
+                done += 1
+                if progress is not None:
+                    progress(done, len(bodies))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - started
+    return result
