@@ -70,7 +70,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
         limits = httpx.Limits(max_connections=config.proxy.max_connections, max_keepalive_connections=config.proxy.max_connections)
         async with httpx.AsyncClient(limits=limits, timeout=config.proxy.request_timeout_s) as client:
             await store.start()
-            checker = HealthChecker(pool, client, config.health)
+            checker = HealthChecker(pool, client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
             app.state.service = RouterService(config, pool, store, policy, client, metrics)

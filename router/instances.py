@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -104,13 +104,16 @@ class InstancePool:
         return {i.id: max(1, i.config.cache_tokens // block_tokens) for i in self._instances.values()}
 
     # -- health bookkeeping ----------------------------------------------------------------
-    def record_success(self, instance_id: str) -> None:
+    def record_success(self, instance_id: str) -> bool:
+        """Returns True when this success brought the instance back."""
         inst = self._instances[instance_id]
         inst.failures = 0
         inst.successes += 1
         if not inst.healthy and inst.successes >= self._health.successes_to_healthy:
             inst.healthy = True
             log.info("instance %s is healthy again", inst.id)
+            return True
+        return False
 
     def record_failure(self, instance_id: str, *, fatal: bool = False) -> None:
         """A failed check or request; ``fatal`` (connection refused) marks it down at once."""
@@ -123,12 +126,22 @@ class InstancePool:
 
 
 class HealthChecker:
-    """Polls ``GET /health`` on every instance; runs as one background task."""
+    """Polls ``GET /health`` on every instance; runs as one background task.
 
-    def __init__(self, pool: InstancePool, client: httpx.AsyncClient, config: HealthConfig) -> None:
+    An instance that comes back after being down has most likely restarted with an empty
+    cache, so ``on_recovered`` (the state store's forget_instance) drops its residency."""
+
+    def __init__(
+        self,
+        pool: InstancePool,
+        client: httpx.AsyncClient,
+        config: HealthConfig,
+        on_recovered: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         self._pool = pool
         self._client = client
         self._config = config
+        self._on_recovered = on_recovered
 
     async def check(self, inst: Instance) -> None:
         try:
@@ -137,7 +150,8 @@ class HealthChecker:
         except httpx.HTTPError:
             ok = False
         if ok:
-            self._pool.record_success(inst.id)
+            if self._pool.record_success(inst.id) and self._on_recovered is not None:
+                await self._on_recovered(inst.id)
         else:
             self._pool.record_failure(inst.id)
 
