@@ -27,6 +27,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class KVShape(_Strict):
+    """Model shape from which KV bytes per token follow: layers x 2 (K, V) x KV heads x head dim x bytes."""
+
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    dtype_bytes: float = Field(default=2, gt=0, description="2 for bf16/fp16, 1 for fp8")
+
+    @property
+    def bytes_per_token(self) -> int:
+        return int(self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes)
+
+
 class InstanceConfig(_Strict):
     """One engine instance the router may send traffic to (and the only kind it ever contacts)."""
 
@@ -42,6 +55,16 @@ class InstanceConfig(_Strict):
     kv_dtype: str = Field(default="auto", description="KV cache dtype; P and D must agree")
     block_size: int = Field(default=16, ge=1, description="engine KV block size in tokens; P and D must agree")
     kv_bytes_per_token: int | None = Field(default=None, gt=0, description="KV bytes per token (default pd.kv_bytes_per_token)")
+    kv_shape: KVShape | None = Field(default=None, description="model shape to derive kv_bytes_per_token from")
+
+    @model_validator(mode="after")
+    def _kv_bytes(self) -> "InstanceConfig":
+        if self.kv_shape is not None:
+            derived = self.kv_shape.bytes_per_token
+            if self.kv_bytes_per_token is not None and self.kv_bytes_per_token != derived:
+                raise ValueError(f"kv_bytes_per_token={self.kv_bytes_per_token} contradicts kv_shape ({derived})")
+            self.kv_bytes_per_token = derived
+        return self
 
     @property
     def compat(self) -> tuple[str | None, str, int, str]:

@@ -41,3 +41,11 @@ def test_invalid_config_names_the_field(tmp_path, text, field):
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
     assert field in str(info.value)
+
+
+def test_kv_bytes_per_token_derived_from_model_shape(tmp_path):
+    text = "instances:\n  - url: http://a:1\n    kv_shape: {layers: 80, kv_heads: 8, head_dim: 128}\n"
+    assert load_config(write(tmp_path, text)).instances[0].kv_bytes_per_token == 327680  # Llama-3-70B bf16
+    bad = text.replace("}", "}\n    kv_bytes_per_token: 1000")
+    with pytest.raises(ConfigError, match="contradicts kv_shape"):
+        load_config(write(tmp_path, bad))
