@@ -2,42 +2,16 @@
 
 import subprocess
 import sys
-import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import httpx
-import yaml
 
-from servers import FakeBackend, free_port, serve_app
-
-
-@contextmanager
-def router_process(config_path, port):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", "--config", str(config_path), "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    try:
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"router did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+from router.localrun import router_process
+from servers import FakeBackend, serve_app
 
 
-def test_two_replicas_send_the_same_prefix_to_the_same_backend(tmp_path, redis_url, key_prefix):
+def test_two_replicas_send_the_same_prefix_to_the_same_backend(redis_url, key_prefix):
     backends = [FakeBackend("a"), FakeBackend("b")]
     with ExitStack() as stack:
         urls = [stack.enter_context(serve_app(b.app())) for b in backends]
@@ -45,10 +19,8 @@ def test_two_replicas_send_the_same_prefix_to_the_same_backend(tmp_path, redis_u
             "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
             "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
         }
-        path = tmp_path / "router.yaml"
-        path.write_text(yaml.safe_dump(config))
-        one = stack.enter_context(router_process(path, free_port()))
-        two = stack.enter_context(router_process(path, free_port()))
+        one = stack.enter_context(router_process(config)).url
+        two = stack.enter_context(router_process(config)).url
         shared = "Shared system prompt for every tenant of the platform. " * 40
         for group in range(6):
             prefix = f"group {group}: " + shared
