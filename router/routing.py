@@ -43,12 +43,14 @@ def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Bookin
     """Legs of a decision: the answering instance first, then a remote prefill (transient)."""
     kv = req.prompt_tokens + req.max_tokens
 
-    def uncached(instance: str) -> int:
+    def queued(instance: str) -> int:
+        if decision.prefill_work is not None:  # the policy priced the prefill, attention included
+            return decision.prefill_work
         return req.prompt_tokens - min(req.prompt_tokens, snap.matched.get(instance, 0) * req.block_tokens)
 
     if decision.prefill is None:
-        return Booking.single(req.id, decision.instance, uncached(decision.instance), kv, req.keys)
-    legs = (Leg(decision.instance, 0, kv, 1), Leg(decision.prefill, uncached(decision.prefill), 0, 1, transient=True))
+        return Booking.single(req.id, decision.instance, queued(decision.instance), kv, req.keys)
+    legs = (Leg(decision.instance, 0, kv, 1), Leg(decision.prefill, queued(decision.prefill), 0, 1, transient=True))
     return Booking(req.id, legs, req.keys)
 
 
@@ -110,6 +112,7 @@ async def decide(
         metrics.decisions.labels(policy.name, decision.reason).inc()
         metrics.modes.labels(decision.mode).inc()
         if req.prompt_tokens:
-            cached = req.prompt_tokens - (decision.prefill_tokens if decision.prefill_tokens is not None else booking.prefill_tokens)
-            metrics.cached_ratio.observe(max(0, cached) / req.prompt_tokens)
+            prefilling = decision.prefill or decision.instance
+            cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
+            metrics.cached_ratio.observe(cached / req.prompt_tokens)
     return Routed(booking, decision, snap, started)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from router.state.base import Load, Snapshot
 
@@ -73,6 +73,7 @@ class Decision:
     mode: str = "colocated"  # colocated | disaggregated | decode_only
     estimate_s: float | None = None  # predicted TTFT of the chosen route, when the policy has one
     prefill_tokens: int | None = None  # uncached tokens the prefilling instance computes
+    prefill_work: int | None = None  # what to book as its queued prefill (tokens at its rate), if priced
 
     @property
     def key(self) -> str:
@@ -177,15 +178,21 @@ class Pipeline:
         def terms() -> dict[str, dict[str, float]]:
             return {i: {name: vals[k] for name, vals in per_scorer.items()} for k, i in enumerate(ids)}
 
-        estimate = None
+        estimate = work = None
+        chosen_view = views[ids.index(chosen)]
         for scorer, _ in self._scorers:
-            predict = getattr(scorer, "estimate", None)  # an Estimator
-            if predict is not None:
-                estimate = predict(req, views[ids.index(chosen)])
-        return Decision(chosen, acceptable, reason, dict(zip(ids, totals)), LazyTerms(terms), estimate_s=estimate)
+            if isinstance(scorer, Estimator):
+                estimate = scorer.estimate(req, chosen_view)
+                work = scorer.prefill_work(req, chosen_view)
+        return Decision(chosen, acceptable, reason, dict(zip(ids, totals)), LazyTerms(terms), estimate_s=estimate,
+                        prefill_work=work)
 
 
+@runtime_checkable
 class Estimator(Protocol):
-    """A scorer that can also predict the chosen instance's TTFT in seconds."""
+    """A scorer that also predicts the chosen instance's TTFT (seconds) and the prefill
+    work the request will queue there (tokens at the instance's rate)."""
 
     def estimate(self, req: RouteRequest, view: View) -> float: ...
+
+    def prefill_work(self, req: RouteRequest, view: View) -> int: ...

@@ -36,6 +36,16 @@ def prefill_seconds(uncached: int, prompt: int, rate: float, weights: TTFTWeight
     return weights.request_overhead_s + uncached / rate + attention
 
 
+def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
+    """The prefill this request queues on ``view``, in tokens at the instance's rate: its
+    uncached tokens plus their attention cost. Booking work rather than raw tokens lets the
+    requests queued behind a 100K-token prompt see how long it will really hold the GPU."""
+    rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
+    cached = view.cached_tokens(req)
+    attention = weights.attention_s_per_token2 * (req.prompt_tokens**2 - cached**2) / 2
+    return round(req.prompt_tokens - cached + attention * rate)
+
+
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     uncached = req.prompt_tokens - view.cached_tokens(req)

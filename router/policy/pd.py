@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from router.config import PDConfig, TTFTWeights
 from router.policy.base import Candidate, Decision, Policy, RouteRequest, View, build_views, route_key
-from router.policy.cost import colocated_ttft
+from router.policy.cost import colocated_ttft, prefill_work
 from router.policy.filters import BoundedLoadFilter
 from router.policy.pd_cost import (
     RouteCost,
@@ -136,6 +136,7 @@ class PairTTFTPolicy:
             mode="disaggregated" if p is not None else ("colocated" if d.candidate.role == "mixed" else "decode_only"),
             estimate_s=cost.total_s,
             prefill_tokens=cost.prefill_tokens,
+            prefill_work=prefill_work(req, p if p is not None else d, self._w),
         )
 
 

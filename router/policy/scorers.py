@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from router.config import TTFTWeights
 from router.policy.base import RouteRequest, View
-from router.policy.cost import colocated_ttft
+from router.policy.cost import colocated_ttft, prefill_work
 
 
 class PrefixScorer:
@@ -57,6 +57,9 @@ class TTFTScorer:
 
     def estimate(self, req: RouteRequest, view: View) -> float:
         return colocated_ttft(req, view, self._weights).total_s
+
+    def prefill_work(self, req: RouteRequest, view: View) -> int:
+        return prefill_work(req, view, self._weights)
 
     def estimates(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
         w = self._weights

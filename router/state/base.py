@@ -19,7 +19,7 @@ class Load:
     """Load booked on one instance by routers (never scraped, so never stale)."""
 
     requests: int = 0  # requests in flight
-    prefill_tokens: int = 0  # uncached prompt tokens not yet prefilled (released at first byte)
+    prefill_tokens: int = 0  # queued prefill not yet done, in tokens (work-equivalent for ttft); released at first byte
     kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
     transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
 
