@@ -1,0 +1,271 @@
+"""Router overhead: direct-to-backend vs through pd-router and the peer routers, side by side.
+
+Why this shape: what a router *adds* only shows against a backend that costs nothing, so all
+targets front the same zero-work backend (``zero_backend.py``, two ports = two workers), are
+started together, and are measured by the same load generator (``loadgen.py``: raw asyncio +
+httptools, closed loop) in interleaved rounds, so drift from the machine's other tenants hits
+every target alike. Added latency = a target's percentile minus the direct one at the same
+concurrency. Targets:
+
+  direct          the zero backend itself
+  pd-router       this checkout (``pd-router serve``: uvloop + httptools, checked in /proc)
+  pd-router@REF   with ``--baseline REF``: the router package of a git commit (before/after)
+  sglang-router   ``smg launch --policy cache_aware``
+  vllm-router     ``vllm-router --policy cache_aware`` (asks the backend for token ids per request)
+
+Requests: non-streaming ``/v1/completions``, 64 distinct prompts (8 shared ~1.5 KB prefixes x 8
+questions), ``max_tokens`` 16. ``--profile`` also records pd-router with py-spy under load.
+
+    python loadtests/overhead.py --baseline HEAD --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.loadgen import LoadResult, encode_post, new_event_loop, run_load
+from loadtests.machine import busy_processes, contention_note, wait_until_quiet
+from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router
+from loadtests.profile_summary import summarise
+from loadtests.report import table, write_section
+from router.emulator.launch import free_port
+from router.localrun import RouterProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTION = "Router overhead"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--duration", type=float, default=4.0, help="measured seconds per target, concurrency and round")
+    p.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds before each measurement")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (results pooled)")
+    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--baseline", metavar="REF", help="also measure pd-router as of this git commit")
+    p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                   help="py-spy each pd-router target for this long at concurrency 16; print the hottest frames")
+    p.add_argument("--profile-dir", default=tempfile.gettempdir(), help="where --profile leaves the collapsed stacks")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait up to this long for other heavy processes to finish")
+    p.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
+    return p.parse_args(argv)
+
+
+def request_bodies(seed: int = 0) -> list[dict[str, object]]:
+    """64 non-streaming completions: 8 shared prefixes x 8 questions (what cache-aware routers see)."""
+    rng = random.Random(seed)
+    words = ["cache", "token", "router", "prefill", "decode", "request", "latency", "queue", "engine", "batch", "memory", "policy"]
+    systems = [f"Tenant {g}. " + " ".join(rng.choice(words) for _ in range(200)) for g in range(8)]
+    return [{"model": "zero-model", "prompt": f"{s}\nQ{q}: " + " ".join(rng.choice(words) for _ in range(30)),
+             "max_tokens": 16, "stream": False} for s in systems for q in range(8)]
+
+
+@contextlib.contextmanager
+def zero_backend(ports: int = 2) -> Iterator[tuple[list[str], int]]:
+    """The zero backend on ``ports`` free loopback ports, as (urls, pid)."""
+    argv = [sys.executable, str(ROOT / "loadtests" / "zero_backend.py")] + ["--port", "0"] * ports
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.startswith("PORTS "):
+            raise RuntimeError(f"zero backend did not start (exit {proc.poll()})")
+        yield [f"http://127.0.0.1:{p}" for p in line.split()[1].split(",")], proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def router_source(ref: str) -> Iterator[Path]:
+    """The ``router`` package as of git ``ref``, unpacked in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix="pd-router-baseline-") as tmp:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "router"], check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        yield Path(tmp)
+
+
+@contextlib.contextmanager
+def pd_router(backends: Sequence[str], source: Path | None = None, ready_timeout: float = 30.0) -> Iterator[RouterProcess]:
+    """``pd-router serve`` in front of ``backends``; from ``source`` (a checkout) when given."""
+    config = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)]}
+    fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
+    with os.fdopen(fd, "w") as fh:
+        yaml.safe_dump(config, fh)
+    log_fd, log_path = tempfile.mkstemp(prefix="pd-router-", suffix=".log")
+    port = free_port("127.0.0.1")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PD_ROUTER_")}
+    if source is not None:  # ``python -m router`` resolves the package from the working directory first
+        env["PYTHONPATH"] = str(source)
+    with os.fdopen(log_fd, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
+                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=str(source or ROOT))
+    handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
+    try:
+        import httpx
+
+        deadline = time.monotonic() + ready_timeout
+        with httpx.Client(timeout=1.0, trust_env=False) as client:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"pd-router exited with {proc.returncode}: {Path(log_path).read_text()[-1500:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(handle.url + "/ready").status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("pd-router not ready")
+                time.sleep(0.1)
+        yield handle
+    finally:
+        handle.stop()
+
+
+def server_stack(pid: int) -> str:
+    """Which event loop and HTTP parser a running process has loaded (from /proc/PID/maps)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return "unknown"
+    loop = "uvloop" if "uvloop/loop." in maps else "asyncio"
+    http = "httptools" if "httptools/parser" in maps else "h11"
+    return f"{loop} + {http}"
+
+
+def measure(targets: dict[str, str], concurrencies: Sequence[int], args: argparse.Namespace,
+            bodies: Sequence[dict[str, object]]) -> dict[tuple[str, int], LoadResult]:
+    """Every (target, concurrency) cell, rounds interleaved and target order rotated per round."""
+    results: dict[tuple[str, int], LoadResult] = {}
+    loop = new_event_loop()
+    names = list(targets)
+    try:
+        for rnd in range(args.rounds):
+            for c in concurrencies:
+                order = names[rnd % len(names):] + names[:rnd % len(names)]
+                for name in order:
+                    host, port = targets[name].rsplit("//", 1)[1].split(":")
+                    reqs = [encode_post(host, int(port), "/v1/completions", b) for b in bodies]
+                    res = loop.run_until_complete(run_load(host, int(port), reqs, c, args.duration, args.warmup))
+                    results[(name, c)] = results[(name, c)].merge(res) if (name, c) in results else res
+                    print(f"  round {rnd + 1} c={c:<3} {name:<22} p50 {res.percentile(0.5) * 1e3:6.2f} ms "
+                          f"{res.rps:7.0f} req/s  errors {res.errors}", file=sys.stderr)
+    finally:
+        loop.close()
+    return results
+
+
+def render(results: dict[tuple[str, int], LoadResult], targets: Sequence[str], concurrencies: Sequence[int]) -> str:
+    """The per-cell table, then the target check against sglang-router."""
+    rows = []
+    for c in concurrencies:
+        direct = results[("direct", c)]
+        for name in targets:
+            r = results[(name, c)]
+            added = "" if name == "direct" else (f"{(r.percentile(0.5) - direct.percentile(0.5)) * 1e3:+.2f}",
+                                                  f"{(r.percentile(0.99) - direct.percentile(0.99)) * 1e3:+.2f}")
+            rows.append([c, name, f"{r.percentile(0.5) * 1e3:.2f}", f"{r.percentile(0.99) * 1e3:.2f}",
+                         added[0] if added else "—", added[1] if added else "—", f"{r.rps:.0f}", r.errors])
+    out = table(["concurrency", "target", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "req/s", "errors"], rows)
+    if "sglang-router" not in targets:
+        return out
+    check: list[list[object]] = []
+    for name in [t for t in targets if t.startswith("pd-router")]:
+        for c in concurrencies:
+            d, s, p = (results[(t, c)].percentile(0.5) for t in ("direct", "sglang-router", name))
+            ratio = (p - d) / (s - d) if s - d > 0 else float("nan")
+            check.append([name, f"c={c}", f"{(p - d) * 1e3:.2f} vs {(s - d) * 1e3:.2f} ms", f"{ratio:.2f}×",
+                          "yes" if ratio <= 1.2 else "no"])
+        best = {t: max(results[(t, c)].rps for c in concurrencies) for t in ("sglang-router", name)}
+        share = best[name] / best["sglang-router"] if best["sglang-router"] else float("nan")
+        check.append([name, "max req/s", f"{best[name]:.0f} vs {best['sglang-router']:.0f}", f"{share:.0%}",
+                      "yes" if share >= 0.9 else "no"])
+    return out + "\n\nTarget (pd-router vs sglang-router, same run): added p50 ≤ 1.2×, max req/s ≥ 90%.\n\n" + table(
+        ["router", "metric", "pd-router vs sglang-router", "ratio", "target met"], check)
+
+
+def run_profile(pid: int, url: str, seconds: float, out: str, bodies: Sequence[dict[str, object]]) -> str:
+    """py-spy (sampling, 200 Hz) a router process while driving it at concurrency 16; summarise."""
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+                            "--format", "raw", "--output", out],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ,
+                           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})
+    host, port = url.rsplit("//", 1)[1].split(":")
+    reqs = [encode_post(host, int(port), "/v1/completions", b) for b in bodies]
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(run_load(host, int(port), reqs, 16, seconds + 1, 0.5))
+    finally:
+        loop.close()
+    _, err = spy.communicate(timeout=60)
+    if spy.returncode != 0:
+        return f"py-spy failed (pip install py-spy): {err.decode(errors='replace')[-300:]}"
+    return summarise(Path(out).read_text(), top=12)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    bodies = request_bodies()
+    busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet else busy_processes()
+    notes: list[str] = [contention_note(busy)]
+    routers: dict[str, RouterProcess] = {}
+    with contextlib.ExitStack() as stack:
+        backends, backend_pid = stack.enter_context(zero_backend(2))
+        targets: dict[str, str] = {"direct": backends[0]}
+        ours = routers["pd-router"] = stack.enter_context(pd_router(backends))
+        targets["pd-router"] = ours.url
+        notes.append(f"pd-router serves on {server_stack(ours.process.pid)} (read from /proc/PID/maps); "
+                     f"zero backend on {server_stack(backend_pid)}")
+        if args.baseline:
+            source = stack.enter_context(router_source(args.baseline))
+            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+            routers[f"pd-router@{rev}"] = stack.enter_context(pd_router(backends, source))
+            targets[f"pd-router@{rev}"] = routers[f"pd-router@{rev}"].url
+        for peer in args.peers:
+            try:
+                handle = stack.enter_context(peer_router(peer, Workers(regular=tuple(backends))))
+            except PeerUnavailable as exc:
+                print(f"{peer}: not measured: {exc}", file=sys.stderr)
+                notes.append(f"{peer} could not be started: {str(exc).splitlines()[0][:200]}")
+                continue
+            targets[peer] = handle.url
+            notes.append(f"{peer}: `{command_line(handle.argv)}`")
+        print(f"targets: {', '.join(targets)}; {args.rounds} rounds x {len(args.concurrency)} concurrencies x "
+              f"{args.duration:.0f}+{args.warmup:.0f} s", file=sys.stderr)
+        results = measure(targets, args.concurrency, args, bodies)
+        profiles = {name: run_profile(r.process.pid, r.url, args.profile, os.path.join(args.profile_dir, f"{name}.stacks"),
+                                      bodies) for name, r in routers.items()} if args.profile else {}
+    body = render(results, list(targets), args.concurrency)
+    for name, summary in profiles.items():
+        body += f"\n\nProfile of {name} (py-spy, {args.profile:.0f} s at concurrency 16; % of samples):\n\n```\n{summary}\n```"
+    print(body)
+    if args.write:
+        method = (f"Load generator: `loadtests/loadgen.py` (raw asyncio + httptools on uvloop, closed loop, keep-alive), "
+                  f"{args.rounds} interleaved rounds × {args.duration:.0f} s per cell after {args.warmup:.0f} s warm-up; "
+                  "non-streaming `/v1/completions`, 64 prompts (8 shared ~1.5 KB prefixes × 8 questions), against "
+                  "`loadtests/zero_backend.py` on two ports (two workers). Added = target − direct at the same "
+                  "concurrency and percentile. `pd-router@REF` is the router package of git commit REF run from a temporary "
+                  "copy with the same config (the before of a before/after). vllm-router's cache_aware asks every worker "
+                  "for the prompt's token ids (`/v1/completions/render`, answered by the zero backend) before routing: "
+                  "that is part of what it adds.")
+        write_section(SECTION, "python loadtests/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                      method + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n" + body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

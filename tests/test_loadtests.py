@@ -1,0 +1,101 @@
+"""Smoke tests for the benchmark scripts under loadtests/ (no peer routers needed, a few seconds).
+
+Why only smoke: the benchmarks themselves take minutes and need the peers; these catch a
+script that no longer parses its arguments, renders its tables or talks to the zero backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtests/ is not an installed package
+
+from loadtests import overhead, peers, side_by_side
+from loadtests.loadgen import LoadResult, encode_post, run_load
+from loadtests.machine import Busy, contention_note
+from loadtests.profile_summary import summarise
+
+
+def test_arguments_have_working_defaults() -> None:
+    o = overhead.parse_args([])
+    assert o.concurrency == [1, 16, 64] and o.peers == ["sglang-router", "vllm-router"] and not o.write
+    s = side_by_side.parse_args(["--scenarios", "colocated", "--duration", "5"])
+    assert s.scenarios == ["colocated"] and s.duration == 5 and s.time_scale == 1.0
+    env = side_by_side.locust_env(s)
+    assert env["PDR_LT_GROUPS"] == "12" and env["PDR_LT_MODEL"] == "demo-model"
+
+
+def test_peer_command_lines_bind_loopback_and_own_prometheus_port() -> None:
+    regular = peers.Workers(regular=("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    argv = peers.peer_argv("sglang-router", regular, 30000, 29001)
+    assert argv[1:2] == ["launch"] and ["--host", "127.0.0.1"] == argv[argv.index("--host"):argv.index("--host") + 2]
+    assert "--prometheus-port" in argv and "29001" in argv and "--pd-disaggregation" not in argv
+    pd = peers.Workers(prefill=(("http://127.0.0.1:3", 9100), ("http://127.0.0.1:4", None)), decode=("http://127.0.0.1:5",))
+    argv = peers.peer_argv("vllm-router", pd, 30001, 29002)
+    assert "--vllm-pd-disaggregation" in argv and "--worker-startup-check-interval" in argv
+    assert argv[argv.index("--prefill") + 2] == "9100" and "none" in argv and pd.count == 3
+    with pytest.raises(ValueError):
+        peers.peer_argv("nginx", regular, 1, 2)
+
+
+def test_a_peer_that_cannot_start_is_reported_not_raised_raw(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers, "_binary", lambda name: "/nonexistent/" + name)
+    with pytest.raises(peers.PeerUnavailable, match="cannot start"), \
+            peers.peer_router("sglang-router", peers.Workers(regular=("http://127.0.0.1:1",))):
+        pass
+
+
+def test_side_by_side_reads_locust_csv_and_renders(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "run")
+    header = "Type,Name,Request Count,Failure Count,50%,90%\n"
+    Path(prefix + "_stats.csv").write_text(header + "POST,/v1/completions,100,2,900,1200\nSSE,ttft,98,0,40,75\n"
+                                           ",Aggregated,198,2,100,900\n")
+    row = side_by_side.Row("colocated", "pd-router")
+    side_by_side.read_locust(prefix, "x shared-prefix load: 98 ok streams, 3136 output tokens, 104.5 output tokens/s", row)
+    assert (row.requests, row.errors, row.ttft_p50_ms, row.ttft_p90_ms, row.tokens_per_s) == (100, 2, 40.0, 75.0, 104.5)
+    before = {"m0": {"tokens": {"cached": 0, "prefill_computed": 0}}}
+    side_by_side.engine_delta(before, {"m0": {"tokens": {"cached": 900, "prefill_computed": 100}}}, row)
+    assert math.isclose(row.hit_ratio, 0.9) and math.isclose(row.computed_k, 0.1)
+    text = side_by_side.render([row, side_by_side.Row("pd-vllm", "vllm-router", note="did not start: x")])
+    assert "| colocated | pd-router | 104 | 40 | 75 | 100 | 2 | 90% |" in text and "| — |" in text and "did not start" in text
+
+
+def test_overhead_table_compares_with_sglang_router() -> None:
+    def res(ms: float, rps: float) -> LoadResult:
+        return LoadResult(latencies=[ms / 1000] * 10, completed=int(rps), window_s=1.0)
+
+    results = {("direct", 1): res(0.1, 5000), ("pd-router", 1): res(0.3, 2000), ("sglang-router", 1): res(0.2, 3000)}
+    text = overhead.render(results, ["direct", "pd-router", "sglang-router"], [1])
+    assert "| 1 | pd-router | 0.30 | 0.30 | +0.20 | +0.20 | 2000 | 0 |" in text
+    assert "| pd-router | c=1 | 0.20 vs 0.10 ms | 2.00× | no |" in text and "| 67% | no |" in text
+
+
+def test_profile_summary_ranks_self_and_inclusive_time() -> None:
+    stacks = ("process 1;main (app.py:1);handle (router/service.py:10);send (httpx/_client.py:5) 3\n"
+              "process 1;main (app.py:1);handle (router/service.py:10) 1\n")
+    text = summarise(stacks)
+    assert text.startswith("4 samples") and "75.0%  httpx/_client.py:send" in text and "100.0%  app.py:main" not in text
+
+
+def test_contention_note() -> None:
+    assert "No other heavy process" in contention_note([])
+    assert "under contention" in contention_note([Busy(1, 97.0, "pd-router replay trace.jsonl")])
+
+
+def test_loadgen_against_the_zero_backend() -> None:
+    with overhead.zero_backend(1) as (urls, _pid):
+        host, port = urls[0].rsplit("//", 1)[1].split(":")
+        reqs = [encode_post(host, int(port), "/v1/completions", b) for b in overhead.request_bodies()[:4]]
+        result = asyncio.run(run_load(host, int(port), reqs, concurrency=2, duration_s=0.3, warmup_s=0.1))
+    assert result.errors == 0 and result.completed > 10 and result.percentile(0.5) < 0.05
+
+
+def test_overhead_end_to_end_without_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert overhead.main(["--peers", "--concurrency", "2", "--duration", "0.3", "--warmup", "0.1", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | direct |" in out and "| 2 | pd-router |" in out and "sglang" not in out
