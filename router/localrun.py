@@ -170,7 +170,7 @@ class RouterProcess:
 
 
 @contextlib.contextmanager
-def router_process(config: dict[str, Any], ready_timeout: float = 30.0) -> Iterator[RouterProcess]:
+def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Sequence[str] = ()) -> Iterator[RouterProcess]:
     """``pd-router serve`` as a subprocess on a free loopback port, until /ready answers 200."""
     fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
     with os.fdopen(fd, "w") as fh:
@@ -180,7 +180,7 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0) -> Itera
     env = {k: v for k, v in os.environ.items() if not k.startswith("PD_ROUTER_")}
     with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
-                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 "--log-level", "warning", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env)
     handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
     try:

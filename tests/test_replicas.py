@@ -43,3 +43,26 @@ def test_invalid_config_exits_2_naming_the_field(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(tmp_path / "nope.yaml")],
                              capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and "cannot read config file" in missing.stderr
+
+
+def test_worker_processes_share_state_through_redis(redis_url, key_prefix, tmp_path):
+    backends = [FakeBackend("a"), FakeBackend("b")]
+    with ExitStack() as stack:
+        urls = [stack.enter_context(serve_app(b.app())) for b in backends]
+        config = {
+            "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
+            "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
+        }
+        router = stack.enter_context(router_process(config, args=["--workers", "2"])).url
+        shared = "One system prompt for the whole fleet. " * 60
+        for i in range(8):
+            body = {"model": "m", "prompt": f"{shared} question {i}", "max_tokens": 4}
+            assert httpx.post(f"{router}/v1/completions", json=body).status_code == 200
+    # whichever worker took each request, the shared view kept the prefix on one backend
+    assert sorted([len(b.received) for b in backends]) == [0, 8]
+
+    path = tmp_path / "memory.yaml"
+    path.write_text("instances:\n  - url: http://127.0.0.1:9\n")
+    proc = subprocess.run([sys.executable, "-m", "router", "serve", "--config", str(path), "--workers", "2"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "needs state.backend: redis" in proc.stderr
