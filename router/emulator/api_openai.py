@@ -137,12 +137,15 @@ async def _sse(rt: EmulatorRuntime, renderer: Renderer, streams: list[RequestStr
                leg: Leg, include_usage: bool, kind: Kind, drop_after: int
                ) -> AsyncIterator[bytes]:
     completed = False
+    # As vLLM, a chat stream's assistant-role delta goes out with its first token, not before:
+    # anything earlier would be a first byte that says nothing about TTFT.
+    opened: set[int] = set() if kind == "chat" else set(range(len(streams)))
     try:
-        if kind == "chat":
-            for index in range(len(streams)):
-                yield renderer.role_chunk(index)
         sent = 0
         async for index, tokens in _merged(streams):
+            if index not in opened:
+                opened.add(index)
+                yield renderer.role_chunk(index)
             if 0 <= drop_after <= sent + len(tokens):
                 keep = tokens[: drop_after - sent]
                 if keep:

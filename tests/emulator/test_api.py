@@ -164,3 +164,20 @@ def test_x_request_id_is_echoed(start_emulator: StartFn, client: httpx.Client) -
     assert json.loads(resp.text)["id"] == "cmpl-abc123"
     recent = client.get(f"{emu.url}/emulator/stats", params={"recent": 1}).json()["recent"]
     assert [r["client_request_id"] for r in recent] == ["abc123"]
+
+
+def test_chat_stream_first_byte_waits_for_the_first_token(start_emulator: StartFn) -> None:
+    """The assistant-role delta must not go out before prefill ends: a router measures TTFT,
+    and releases booked prefill, at the first byte."""
+    import time
+
+    from router.emulator.perf import get_profile, prefill_time
+
+    emu = start_emulator(time_scale=1.0)
+    body = {"messages": [{"role": "user", "content": "word " * 6000}], "max_tokens": 2, "stream": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{emu.url}/v1/chat/completions", json=body, timeout=30) as resp:
+        first = next(line for line in resp.iter_lines() if line.startswith("data: "))
+        elapsed = time.perf_counter() - started
+    assert '"role":"assistant"' in first
+    assert elapsed >= 0.8 * prefill_time(get_profile("llama3-8b-h100"), 5000)
