@@ -39,7 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="run emulated engines + the router and compare policies")
     p.add_argument("--requests", type=int, default=120, help="requests per run")
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--time-scale", type=float, default=0.05, help="wall seconds per emulated GPU second")
+    p.add_argument("--time-scale", type=float, default=1.0, help="wall seconds per emulated GPU second")
+    p.add_argument("--cache-tokens", type=int, default=20000,
+                   help="KV cache per engine: small enough that no engine holds every tenant's prefix")
+    p.add_argument("--groups", type=int, default=12, help="tenants, each with its own long system prompt")
     p.add_argument("--policies", nargs="+", default=["ttft", "round_robin"])
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     p.add_argument("--profile", default="llama3-8b-h100")
@@ -90,7 +93,8 @@ def run_scenario(name: str, engines: Sequence[Engine], args: argparse.Namespace,
     rows = []
     for policy in args.policies:
         reset_engines(engines)
-        config = router_config(engines, policy, profile=args.profile, time_scale=args.time_scale, seed=args.seed)
+        config = router_config(engines, policy, profile=args.profile, time_scale=args.time_scale, seed=args.seed,
+                               cache_tokens=args.cache_tokens)
         with router_process(config) as router:
             before = engine_stats(engines)
             result = asyncio.run(drive(router.url, bodies, args.concurrency, progress_bar(f"{name} / {policy}")))
@@ -115,7 +119,7 @@ def render(rows: Sequence[Row], time_scale: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    workload = SharedPrefixWorkload(requests=args.requests, seed=args.seed)
+    workload = SharedPrefixWorkload(requests=args.requests, groups=args.groups, seed=args.seed)
     bodies = workload.bodies()
     print(f"pd-router demo: {args.requests} streaming chat requests, {workload.groups} tenants x {workload.users} users, "
           f"~{workload.system_chars // 4} shared tokens each; engines: {args.profile} at time scale {args.time_scale}")
@@ -124,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     for name in args.scenarios:
         specs = SCENARIOS[name]
         print(f"starting {len(specs)} emulated engines for '{name}' ...", file=sys.stderr)
-        with emulated_cluster(specs, profile=args.profile, time_scale=args.time_scale, seed=args.seed) as engines:
+        with emulated_cluster(specs, profile=args.profile, time_scale=args.time_scale, seed=args.seed,
+                              cache_tokens=args.cache_tokens) as engines:
             rows += run_scenario(name, engines, args, bodies)
     print()
     print(render(rows, args.time_scale))
