@@ -30,7 +30,8 @@ def test_arguments_have_working_defaults() -> None:
     assert env["PDR_LT_GROUPS"] == "12" and env["PDR_LT_MODEL"] == "demo-model"
 
 
-def test_peer_command_lines_bind_loopback_and_own_prometheus_port() -> None:
+def test_peer_command_lines_bind_loopback_and_own_prometheus_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peers, "_binary", lambda name: "/opt/bench/" + name)  # peers are a bench extra, not installed in CI
     regular = peers.Workers(regular=("http://127.0.0.1:1", "http://127.0.0.1:2"))
     argv = peers.peer_argv("sglang-router", regular, 30000, 29001)
     assert argv[1:2] == ["launch"] and ["--host", "127.0.0.1"] == argv[argv.index("--host"):argv.index("--host") + 2]
