@@ -61,6 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-dir", default=tempfile.gettempdir(), help="where --profile leaves the collapsed stacks")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for other heavy processes to finish")
+    p.add_argument("--workers-redis", metavar="URL",
+                   help="also measure `pd-router serve --workers 2` sharing state through the Redis at URL")
     p.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md")
     return p.parse_args(argv)
 
@@ -100,9 +102,13 @@ def router_source(ref: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def pd_router(backends: Sequence[str], source: Path | None = None, ready_timeout: float = 30.0) -> Iterator[RouterProcess]:
-    """``pd-router serve`` in front of ``backends``; from ``source`` (a checkout) when given."""
-    config = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)]}
+def pd_router(backends: Sequence[str], source: Path | None = None, ready_timeout: float = 30.0,
+              redis_url: str | None = None, workers: int = 1) -> Iterator[RouterProcess]:
+    """``pd-router serve`` in front of ``backends``; from ``source`` (a checkout) when given;
+    with ``workers`` processes sharing state through ``redis_url``."""
+    config: dict[str, object] = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)]}
+    if redis_url:
+        config["state"] = {"backend": "redis", "redis_url": redis_url, "key_prefix": f"overhead{os.getpid()}"}
     fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
     with os.fdopen(fd, "w") as fh:
         yaml.safe_dump(config, fh)
@@ -113,7 +119,7 @@ def pd_router(backends: Sequence[str], source: Path | None = None, ready_timeout
         env["PYTHONPATH"] = str(source)
     with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
-                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
+                                 "--log-level", "warning", *(["--workers", str(workers)] if workers > 1 else [])], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=str(source or ROOT))
     handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
     try:
@@ -235,6 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  text=True, check=True).stdout.strip()
             routers[f"pd-router@{rev}"] = stack.enter_context(pd_router(backends, source))
             targets[f"pd-router@{rev}"] = routers[f"pd-router@{rev}"].url
+        if args.workers_redis:
+            name = "pd-router --workers 2 (redis)"
+            routers[name] = stack.enter_context(pd_router(backends, redis_url=args.workers_redis, workers=2))
+            targets[name] = routers[name].url
         for peer in args.peers:
             try:
                 handle = stack.enter_context(peer_router(peer, Workers(regular=tuple(backends))))
@@ -248,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.duration:.0f}+{args.warmup:.0f} s", file=sys.stderr)
         results = measure(targets, args.concurrency, args, bodies)
         profiles = {name: run_profile(r.process.pid, r.url, args.profile, os.path.join(args.profile_dir, f"{name}.stacks"),
-                                      bodies) for name, r in routers.items()} if args.profile else {}
+                                      bodies) for name, r in routers.items() if "--workers" not in name} if args.profile else {}
     body = render(results, list(targets), args.concurrency)
     for name, summary in profiles.items():
         body += f"\n\nProfile of {name} (py-spy, {args.profile:.0f} s at concurrency 16; % of samples):\n\n```\n{summary}\n```"

@@ -260,14 +260,14 @@ class RouterService:
         async def on_first_byte() -> None:
             elapsed = time.perf_counter() - routed.started
             self.metrics.ttfb.labels(inst.id).observe(elapsed)
+            if not streaming:
+                return  # a JSON answer's first byte comes with its last: release does it all, one call fewer
             await self.store.prefill_done(routed.booking)
-            if streaming:
-                target = routed.decision.prefill if routed.decision.mode == "disaggregated" else inst.id
-                if routed.decision.mode == "disaggregated":
-                    if routed.decision.estimate_s:
-                        self.metrics.estimate_ratio.labels("disaggregated").observe(elapsed / routed.decision.estimate_s)
-                elif target is not None:
-                    self._calibrate(target, routed, routed.decision.mode, elapsed)
+            if routed.decision.mode == "disaggregated":
+                if routed.decision.estimate_s:
+                    self.metrics.estimate_ratio.labels("disaggregated").observe(elapsed / routed.decision.estimate_s)
+            else:
+                self._calibrate(inst.id, routed, routed.decision.mode, elapsed)
 
         async def on_end(outcome: Outcome) -> None:
             inflight.dec()
