@@ -28,11 +28,9 @@ import random
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,8 +39,7 @@ from loadtests.machine import busy_processes, contention_note, wait_until_quiet
 from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router
 from loadtests.profile_summary import summarise
 from loadtests.report import table, write_section
-from router.emulator.launch import free_port
-from router.localrun import RouterProcess
+from router.localrun import RouterProcess, router_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Router overhead"
@@ -102,43 +99,16 @@ def router_source(ref: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def pd_router(backends: Sequence[str], source: Path | None = None, ready_timeout: float = 30.0,
-              redis_url: str | None = None, workers: int = 1) -> Iterator[RouterProcess]:
+def pd_router(backends: Sequence[str], source: Path | None = None, redis_url: str | None = None,
+              workers: int = 1) -> Iterator[RouterProcess]:
     """``pd-router serve`` in front of ``backends``; from ``source`` (a checkout) when given;
     with ``workers`` processes sharing state through ``redis_url``."""
     config: dict[str, object] = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)]}
     if redis_url:
         config["state"] = {"backend": "redis", "redis_url": redis_url, "key_prefix": f"overhead{os.getpid()}"}
-    fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump(config, fh)
-    log_fd, log_path = tempfile.mkstemp(prefix="pd-router-", suffix=".log")
-    port = free_port("127.0.0.1")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PD_ROUTER_")}
-    if source is not None:  # ``python -m router`` resolves the package from the working directory first
-        env["PYTHONPATH"] = str(source)
-    with os.fdopen(log_fd, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
-                                 "--log-level", "warning", *(["--workers", str(workers)] if workers > 1 else [])], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, cwd=str(source or ROOT))
-    handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
-    try:
-        import httpx
-
-        deadline = time.monotonic() + ready_timeout
-        with httpx.Client(timeout=1.0, trust_env=False) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"pd-router exited with {proc.returncode}: {Path(log_path).read_text()[-1500:]}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(handle.url + "/ready").status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("pd-router not ready")
-                time.sleep(0.1)
+    args = ["--workers", str(workers)] if workers > 1 else []
+    with router_process(config, args=args, source=str(source) if source is not None else None) as handle:
         yield handle
-    finally:
-        handle.stop()
 
 
 def server_stack(pid: int) -> str:

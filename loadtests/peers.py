@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from router.localrun import stop_process
+
 from router.emulator.launch import free_port
 
 PEERS = ("sglang-router", "vllm-router")
@@ -99,13 +101,7 @@ class PeerProcess:
             return ""
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def _ready(client: httpx.Client, url: str, expected_workers: int) -> bool:

@@ -149,6 +149,17 @@ def profile_timing(prof: PerfProfile, time_scale: float) -> dict[str, float]:
     }
 
 
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Terminate, give it ``timeout`` seconds to finish cleanly, then kill."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 @dataclass
 class RouterProcess:
     process: subprocess.Popen[bytes]
@@ -157,31 +168,29 @@ class RouterProcess:
     log_path: str
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         for path in (self.config_path, self.log_path):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
 
 @contextlib.contextmanager
-def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Sequence[str] = ()) -> Iterator[RouterProcess]:
-    """``pd-router serve`` as a subprocess on a free loopback port, until /ready answers 200."""
+def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Sequence[str] = (),
+                   source: str | None = None) -> Iterator[RouterProcess]:
+    """``pd-router serve`` as a subprocess on a free loopback port, until /ready answers 200;
+    with ``source``, the ``router`` package of that directory (another checkout) instead of ours."""
     fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
     with os.fdopen(fd, "w") as fh:
         yaml.safe_dump(config, fh)
     log_fd, log_path = tempfile.mkstemp(prefix="pd-router-", suffix=".log")
     port = free_port("127.0.0.1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PD_ROUTER_")}
+    if source is not None:  # ``python -m router`` resolves the package from the working directory first
+        env["PYTHONPATH"] = source
     with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
                                  "--log-level", "warning", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env)
+                                env=env, cwd=source)
     handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
     try:
         deadline = time.monotonic() + ready_timeout

@@ -1,6 +1,5 @@
 """PD end to end against recording fake engines: the bodies each leg sees, field by field."""
 
-import asyncio
 import copy
 from contextlib import ExitStack, contextmanager
 
