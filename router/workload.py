@@ -67,7 +67,6 @@ class SharedPrefixWorkload:
 class RunResult:
     ttft_s: list[float] = field(default_factory=list)
     latency_s: list[float] = field(default_factory=list)
-    output_chunks: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -107,7 +106,6 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, result: RunResul
                     raise RuntimeError(f"stream error: {chunk['error']}")
                 if first is None:
                     first = time.perf_counter() - started
-                result.output_chunks += 1
             if not done:
                 raise RuntimeError("stream ended without [DONE]")
     except (httpx.HTTPError, RuntimeError, ValueError) as exc:

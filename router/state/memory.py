@@ -42,9 +42,6 @@ class MemoryStore(StateStore):
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         return self._snapshot(keys, instances)
 
-    def residency_size(self, instance: str) -> int:
-        return self._residency.size(instance)
-
     # -- writes --------------------------------------------------------------------------
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
         snap = self._snapshot(keys, instances)
@@ -68,9 +65,6 @@ class MemoryStore(StateStore):
 
     def unrecord_residency(self, instance: str, keys: Sequence[int]) -> None:
         self._residency.unrecord(instance, keys)
-
-    def set_load(self, instance: str, load: Load) -> None:
-        self._loads[instance] = load
 
     async def prefill_done(self, booking: Booking) -> None:
         if booking.id in self._bookings and booking.id not in self._prefilled:

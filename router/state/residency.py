@@ -70,9 +70,6 @@ class ResidencyIndex:
         for key in self._lru.pop(instance, ()):
             self._drop(key, instance)
 
-    def size(self, instance: str) -> int:
-        return len(self._lru.get(instance, ()))
-
     def _drop(self, key: int, instance: str) -> None:
         holders = self._holders.get(key)
         if holders is not None:
