@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import http.cookiejar
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -71,6 +72,9 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
         limits = httpx.Limits(max_connections=config.proxy.max_connections, max_keepalive_connections=config.proxy.max_connections)
         transport = UpstreamTransport(limits)  # httpx's API on a leaner pool: see router/upstream.py
         async with httpx.AsyncClient(transport=transport, timeout=config.proxy.request_timeout_s) as client:
+            # One client serves every user: a cookie one engine sets must never ride along
+            # with someone else's request, so the jar accepts none.
+            client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
             await store.start()
             checker = HealthChecker(pool, client, config.health, store.forget_instance)
             await checker.check_all()

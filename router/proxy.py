@@ -31,8 +31,9 @@ _HTTPX_LOG = logging.getLogger("httpx")  # client.send logs each request there; 
 # Request headers worth passing to an engine; everything else (Host, hop-by-hop,
 # Content-Length, cookies) stays at the router.
 _FORWARDED = ("authorization", "accept", "user-agent", "openai-organization", "openai-project", "traceparent")
-# Response headers passed back to the client.
-_RETURNED = ("content-type", "cache-control", "x-request-id", "openai-processing-ms")
+# Response headers passed back to the client (bytes are relayed as they come, so an encoding
+# the engine applied anyway must travel with them).
+_RETURNED = ("content-type", "content-encoding", "cache-control", "x-request-id", "openai-processing-ms")
 
 Outcome = str  # "ok" | "upstream_error" | "client_disconnect"
 
@@ -41,6 +42,9 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
     headers["x-request-id"] = request_id
     headers["content-type"] = "application/json"
+    # The router relays raw bytes chunk by chunk and reads JSON answers itself (the vLLM
+    # prefill leg): ask engines not to compress rather than httpx's default gzip/br offer.
+    headers["accept-encoding"] = "identity"
     return headers
 
 

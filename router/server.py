@@ -51,6 +51,8 @@ def serve(args: argparse.Namespace) -> int:
     from router.app import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every upstream request at INFO; the router's own per-request line says more.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if args.workers > 1:
         # Python serves one core per process: more workers, one shared Redis view.
         os.environ[_CONFIG_ENV] = os.path.abspath(args.config) if args.config else ""

@@ -60,6 +60,7 @@ class FakeBackend:
     active: int = 0
     peak: int = 0
     kv_params: dict | None = None  # returned to a vLLM-style prefill request (do_remote_decode)
+    set_cookie: str | None = None  # sent with every answer
     finished_at: list[float] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -85,15 +86,16 @@ class FakeBackend:
                 finally:
                     self.active -= 1
 
+            cookie = {"set-cookie": self.set_cookie} if self.set_cookie else None
             if body.get("stream"):
-                return StreamingResponse(events(), media_type="text/event-stream")
+                return StreamingResponse(events(), media_type="text/event-stream", headers=cookie)
             async for _ in events():
                 pass
             self.finished_at.append(time.perf_counter())
             answer = {"id": "x", "object": "text_completion", "backend": self.name, "choices": [{"index": 0, "text": "ok"}]}
             if (body.get("kv_transfer_params") or {}).get("do_remote_decode") and self.kv_params is not None:
                 answer["kv_transfer_params"] = self.kv_params
-            return JSONResponse(answer)
+            return JSONResponse(answer, headers=cookie)
 
         async def models(request: Request):
             return JSONResponse({"object": "list", "data": [{"id": f"model-{self.name}", "object": "model"}, {"id": "shared", "object": "model"}]})

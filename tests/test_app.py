@@ -193,3 +193,13 @@ def test_forwarded_body_and_headers():
         assert r.headers["x-request-id"] == "abc-123"
     seen = a.received[0]
     assert seen["body"] == body and seen["headers"]["x-request-id"] == "abc-123" and "cookie" not in seen["headers"]
+    assert seen["headers"]["accept-encoding"] == "identity"  # bytes are relayed as they come: no compression
+
+
+def test_a_cookie_set_by_an_engine_is_never_replayed():
+    a = FakeBackend("a", set_cookie="session=engine-a")
+    with cluster(a) as (url, app):
+        for i in range(2):
+            r = httpx.post(f"{url}/v1/completions", json=completion(i, stream=i == 1))
+            assert r.status_code == 200
+    assert all("cookie" not in seen["headers"] for seen in a.received)
