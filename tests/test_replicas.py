@@ -11,14 +11,19 @@ from router.localrun import router_process
 from servers import FakeBackend, serve_app
 
 
+def shared_state_config(stack: ExitStack, backends: list[FakeBackend], redis_url: str, key_prefix: str) -> dict:
+    """Serve ``backends`` and return a router config that shares state through Redis."""
+    urls = [stack.enter_context(serve_app(b.app())) for b in backends]
+    return {
+        "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
+        "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
+    }
+
+
 def test_two_replicas_send_the_same_prefix_to_the_same_backend(redis_url, key_prefix):
     backends = [FakeBackend("a"), FakeBackend("b")]
     with ExitStack() as stack:
-        urls = [stack.enter_context(serve_app(b.app())) for b in backends]
-        config = {
-            "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
-            "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
-        }
+        config = shared_state_config(stack, backends, redis_url, key_prefix)
         one = stack.enter_context(router_process(config)).url
         two = stack.enter_context(router_process(config)).url
         shared = "Shared system prompt for every tenant of the platform. " * 40
@@ -48,11 +53,7 @@ def test_invalid_config_exits_2_naming_the_field(tmp_path):
 def test_worker_processes_share_state_through_redis(redis_url, key_prefix, tmp_path):
     backends = [FakeBackend("a"), FakeBackend("b")]
     with ExitStack() as stack:
-        urls = [stack.enter_context(serve_app(b.app())) for b in backends]
-        config = {
-            "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
-            "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
-        }
+        config = shared_state_config(stack, backends, redis_url, key_prefix)
         router = stack.enter_context(router_process(config, args=["--workers", "2"])).url
         shared = "One system prompt for the whole fleet. " * 60
         for i in range(8):
