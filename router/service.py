@@ -208,8 +208,8 @@ class RouterService:
 
     def _calibrate(self, instance: str, routed: Routed, mode: str, actual_s: float) -> None:
         d = routed.decision
-        terms = d.terms.get(d.key, {})
-        if mode == "prefill_leg":
+        if mode == "prefill_leg":  # only this reads the cost terms, which are built on first read
+            terms = d.terms.get(d.key, {})
             estimate = terms.get("queue_s", 0.0) + terms.get("prefill_s", 0.0)
         else:
             estimate = d.estimate_s or 0.0
