@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from router.localrun import stop_process
+from router.emulator.launch import read_tail, stop_process
 
 from router.emulator.launch import free_port
 
@@ -94,11 +94,7 @@ class PeerProcess:
         return self.process.pid
 
     def log_tail(self, limit: int = 1500) -> str:
-        try:
-            with open(self.log_path, "rb") as fh:
-                return fh.read()[-limit:].decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_tail(self.log_path, limit)
 
     def stop(self) -> None:
         stop_process(self.process)

@@ -23,7 +23,7 @@ import httpx
 import yaml
 
 from router.emulator.config import EmulatorConfig
-from router.emulator.launch import EmulatorProcess, free_port, spawn_emulator
+from router.emulator.launch import EmulatorProcess, free_port, read_tail, spawn_emulator, stop_process
 from router.emulator.perf import PerfProfile, decode_step_time, get_profile, prefill_time
 
 
@@ -149,17 +149,6 @@ def profile_timing(prof: PerfProfile, time_scale: float) -> dict[str, float]:
     }
 
 
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    """Terminate, give it ``timeout`` seconds to finish cleanly, then kill."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 @dataclass
 class RouterProcess:
     process: subprocess.Popen[bytes]
@@ -197,26 +186,18 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Se
         with httpx.Client(timeout=1.0, trust_env=False) as client:
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"router exited with {proc.returncode}: {_tail(log_path)}")
+                    raise RuntimeError(f"router exited with {proc.returncode}: {read_tail(log_path, 2000)}")
                 try:
                     if client.get(handle.url + "/ready").status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"router not ready after {ready_timeout}s: {_tail(log_path)}")
+                    raise RuntimeError(f"router not ready after {ready_timeout}s: {read_tail(log_path, 2000)}")
                 time.sleep(0.1)
         yield handle
     finally:
         handle.stop()
-
-
-def _tail(path: str, limit: int = 2000) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()[-limit:].decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def engine_stats(engines: Sequence[Engine]) -> dict[str, dict[str, Any]]:

@@ -172,6 +172,27 @@ async def serve_emulator(config: EmulatorConfig, host: str | None = None,
         sock.close()
 
 
+def read_tail(path: str, limit: int = 4000) -> str:
+    """The end of a process's log file, for error messages ("" if unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """Terminate, give it ``timeout`` seconds to finish cleanly, then kill; the exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    return int(process.returncode)
+
+
 @dataclass
 class EmulatorProcess:
     """An emulator running as ``python -m router.emulator``."""
@@ -191,24 +212,14 @@ class EmulatorProcess:
         return self.process.poll() is None
 
     def log_tail(self, limit: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as fh:
-                return fh.read()[-limit:].decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_tail(self.log_path, limit)
 
     def stop(self, timeout: float = 5.0) -> int:
         """Terminate (then kill) the process; returns its exit code."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        code = stop_process(self.process, timeout)
         with contextlib.suppress(OSError):
             os.unlink(self.log_path)
-        return int(self.process.returncode)
+        return code
 
     def __enter__(self) -> EmulatorProcess:
         return self
