@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.report import table, write_section  # noqa: E402
-from router.config import HashingConfig, PolicyConfig  # noqa: E402
-from router.hashing import root_seed, text_block_keys  # noqa: E402
-from router.policy import Candidate, RouteRequest, build_policy  # noqa: E402
-from router.routing import decide  # noqa: E402
+from router.config.model import HashingConfig, PolicyConfig  # noqa: E402
+from router.request.hashing import root_seed, text_block_keys  # noqa: E402
+from router.scheduling import Candidate, RouteRequest, build_policy  # noqa: E402
+from router.scheduling.decide import decide  # noqa: E402
 from router.state.base import Booking  # noqa: E402
 from router.state.memory import MemoryStore  # noqa: E402
 

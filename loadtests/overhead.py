@@ -39,7 +39,7 @@ from loadtests.machine import busy_processes, contention_note, wait_until_quiet
 from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router
 from loadtests.profile_summary import summarise
 from loadtests.report import table, write_section
-from router.localrun import RouterProcess, router_process
+from router.tools.localrun import RouterProcess, router_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Router overhead"

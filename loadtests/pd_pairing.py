@@ -25,9 +25,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.report import table, write_section  # noqa: E402
-from router.demo import _delta  # noqa: E402
-from router.localrun import emulated_cluster, engine_stats, pd_cluster_spec, reset_engines, router_config, router_process  # noqa: E402
-from router.workload import SharedPrefixWorkload, drive  # noqa: E402
+from router.tools.demo import _delta  # noqa: E402
+from router.tools.localrun import emulated_cluster, engine_stats, pd_cluster_spec, reset_engines, router_config, router_process  # noqa: E402
+from router.tools.workload import SharedPrefixWorkload, drive  # noqa: E402
 
 _BUCKET = re.compile(r'pd_router_ttft_estimate_ratio_bucket\{le="([^"]+)",mode="([^"]+)"\} ([0-9.e+]+)')
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from router.emulator.launch import read_tail, stop_process
+from router.tools.emulator.launch import read_tail, stop_process
 
-from router.emulator.launch import free_port
+from router.tools.emulator.launch import free_port
 
 PEERS = ("sglang-router", "vllm-router")
 

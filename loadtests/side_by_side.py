@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.machine import Busy, busy_processes, contention_note, wait_until_quiet
 from loadtests.peers import PeerUnavailable, Workers, command_line, peer_router
 from loadtests.report import table, write_section
-from router.localrun import (
+from router.tools.localrun import (
     Engine,
     emulated_cluster,
     engine_stats,
@@ -155,7 +155,7 @@ def start_router(name: str, engines: Sequence[Engine], args: argparse.Namespace)
                 proc = stack.enter_context(router_process(config))
             except RuntimeError as exc:
                 raise PeerUnavailable(f"pd-router: {exc}") from None
-            yield proc.url, "pd-router serve (policy ttft, config from router.localrun.router_config)"
+            yield proc.url, "pd-router serve (policy ttft, config from router.tools.localrun.router_config)"
         return
     with peer_router(name, workers(engines)) as peer:
         yield peer.url, command_line(peer.argv)

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 # Modules that contribute subcommands. Each exposes ``register(subparsers)``
 # which adds a parser whose ``func`` default returns an exit code.
 _COMMAND_MODULES = (
-    "router.server",
-    "router.emulator.cli",
-    "router.demo",
-    "router.replay.cli",
+    "router.gateway.serve",
+    "router.tools.emulator.cli",
+    "router.tools.demo",
+    "router.tools.replay.cli",
 )
 
 

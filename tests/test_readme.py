@@ -5,8 +5,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from router.config import InstanceConfig, RouterConfig
-from router.metrics import Metrics
+from router.config.model import InstanceConfig, RouterConfig
+from router.core.metrics import Metrics
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
 

@@ -1,0 +1,52 @@
+"""``POST /debug/route``: the decision a request would get, without sending or booking it.
+
+It runs the very policy object the router uses on a read-only snapshot of the same state,
+so what it shows is what the router would do (up to the random choice among near-ties,
+which it lists as ``acceptable``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+from starlette.requests import Request
+
+from router.core.errors import RouterError, bad_request
+from router.scheduling.pd import NoRoute
+from router.request.prompt import parse_body
+from router.request.keys import route_request
+from router.request.service import RouterService, _Attempts, read_body
+
+
+async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
+    raw = await read_body(request, svc.config.proxy.max_body_bytes)
+    try:
+        endpoint = "chat" if "messages" in json.loads(raw) else "completions"
+    except (ValueError, TypeError):
+        raise bad_request("request body is not valid JSON", code="invalid_json") from None
+    parsed = parse_body(raw, endpoint, svc.config.hashing.chars_per_token)
+    req = route_request(parsed, svc.config.hashing, uuid.uuid4().hex, svc.config.policy.default_max_tokens)
+    instances = svc.candidates(parsed.model, _Attempts())
+    candidates = [i.candidate for i in instances]
+    snap = await svc.store.snapshot(req.keys, [c.id for c in candidates])
+    try:
+        decision = svc.policy.choose(req, candidates, snap)
+    except (NoRoute, ValueError) as exc:
+        raise RouterError(503, f"no route: {exc}", type="service_unavailable", code="no_route") from None
+    return {
+        "policy": svc.policy.name,
+        "request": {"prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens, "blocks": len(req.keys),
+                    "block_tokens": req.block_tokens, "endpoint": endpoint},
+        "chosen": {"route": decision.key, "instance": decision.instance, "prefill": decision.prefill,
+                   "mode": decision.mode, "reason": decision.reason, "estimate_s": decision.estimate_s},
+        "acceptable": sorted(decision.acceptable),
+        "routes": [{"route": key, "score": decision.scores.get(key), **terms} for key, terms in sorted(decision.terms.items())],
+        "candidates": [
+            {"id": c.id, "role": c.role, "matched_blocks": snap.matched.get(c.id, 0),
+             "prefill_tokens_per_s": c.prefill_tokens_per_s, "load": dataclasses.asdict(snap.loads[c.id])}
+            for c in candidates
+        ],
+    }

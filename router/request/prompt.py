@@ -1,0 +1,153 @@
+"""Validate an OpenAI request body and turn its prompt into one canonical sequence.
+
+Completions (string, list of strings, token ids, list of token-id lists) and chat
+(messages with roles, string or content-part content, tools) all become either a
+canonical string or a token-id list. Role and field markers are control characters
+that cannot appear unescaped in JSON-decoded user text boundaries, so two different
+conversations never produce the same canonical string.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from router.core.errors import bad_request
+
+Endpoint = Literal["completions", "chat"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_MSG = "\x1e"  # starts a message
+_FIELD = "\x1f"  # separates a message header from its content
+_PART = "\x1d"  # starts a non-text content part or a structured field
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """What the router needs from a request body; the body itself is forwarded untouched."""
+
+    endpoint: Endpoint
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    text: str | None  # canonical text, or None for token-id prompts
+    tokens: list[int] | None  # token-id prompt (first of a batch)
+    prompt_tokens: int  # estimated prompt tokens over the whole batch
+    max_tokens: int | None
+
+
+def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream")
+    max_tokens = _max_tokens(body)
+    _check_positive_int(body, "n")
+
+    if endpoint == "completions":
+        text, tokens, n_tokens = _completion_prompt(body.get("prompt"), chars_per_token)
+    else:
+        text = _chat_text(body.get("messages"), body.get("tools"))
+        tokens, n_tokens = None, _estimate(text, chars_per_token)
+    return ParsedRequest(endpoint, body, model, stream, text, tokens, n_tokens, max_tokens)
+
+
+def _estimate(text: str, chars_per_token: float) -> int:
+    return max(1, round(len(text) / chars_per_token))
+
+
+def _check_positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"'{name}' must be a positive integer", param=name)
+    return value
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    a = _check_positive_int(body, "max_tokens")
+    b = _check_positive_int(body, "max_completion_tokens")
+    return b if b is not None else a
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in value
+    )
+
+
+def _completion_prompt(prompt: Any, chars_per_token: float) -> tuple[str | None, list[int] | None, int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+        return prompt, None, _estimate(prompt, chars_per_token)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            if not all(prompt):
+                raise bad_request("'prompt' must not contain empty strings", param="prompt")
+            return prompt[0], None, sum(_estimate(p, chars_per_token) for p in prompt)
+        if _is_token_list(prompt):
+            return None, list(prompt), len(prompt)
+        if all(_is_token_list(p) and p for p in prompt):
+            return None, list(prompt[0]), sum(len(p) for p in prompt)
+    raise bad_request(
+        "'prompt' is required: a non-empty string, list of strings, list of token ids "
+        "(0 <= id < 2^32) or list of token-id lists",
+        param="prompt",
+    )
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}.content' must be a string, a list of content parts or null", param=where)
+    out: list[str] = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise bad_request(f"'{where}.content[{j}]' must be an object with a 'type'", param=where)
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"'{where}.content[{j}].text' must be a string", param=where)
+            out.append(part["text"])
+        else:
+            payload = {k: v for k, v in part.items() if k != "type"}
+            out.append(f"{_PART}{part['type']}{_FIELD}{json.dumps(payload, sort_keys=True)}")
+    return "".join(out)
+
+
+def _chat_text(messages: Any, tools: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' is required and must be a non-empty list", param="messages")
+    parts: list[str] = []
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("'tools' must be a list", param="tools")
+        parts.append(f"{_PART}tools{_FIELD}{json.dumps(tools, sort_keys=True, separators=(',', ':'))}")
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise bad_request(f"'{where}' must be an object", param="messages")
+        role = msg.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"'{where}.role' must be one of {sorted(_ROLES)}", param="messages")
+        header = role
+        if isinstance(msg.get("name"), str):
+            header += f"{_PART}name={msg['name']}"
+        text = _content_text(msg.get("content"), where)
+        for field in ("tool_calls", "tool_call_id", "function_call"):
+            if msg.get(field) is not None:
+                text += f"{_PART}{field}{_FIELD}{json.dumps(msg[field], sort_keys=True)}"
+        parts.append(f"{_MSG}{header}{_FIELD}{text}")
+    return "".join(parts)

@@ -1,0 +1,57 @@
+"""TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
+
+    ttft = queue + prefill + interference
+    queue        = booked prefill tokens ahead / prefill rate
+    prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
+    interference = per-request delay * requests in flight (decode steps share the GPU)
+
+The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
+c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
+instance when declared (or calibrated), else the configured default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config.model import TTFTWeights
+from router.scheduling.framework import RouteRequest, View
+
+
+@dataclass(frozen=True)
+class TTFTTerms:
+    queue_s: float
+    prefill_s: float
+    interference_s: float
+    uncached_tokens: int
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.prefill_s + self.interference_s
+
+
+def prefill_seconds(uncached: int, prompt: int, rate: float, weights: TTFTWeights) -> float:
+    cached = prompt - uncached
+    attention = weights.attention_s_per_token2 * (prompt * prompt - cached * cached) / 2
+    return weights.request_overhead_s + uncached / rate + attention
+
+
+def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
+    """The prefill this request queues on ``view``, in tokens at the instance's rate: its
+    uncached tokens plus their attention cost. Booking work rather than raw tokens lets the
+    requests queued behind a 100K-token prompt see how long it will really hold the GPU."""
+    rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
+    cached = view.cached_tokens(req)
+    attention = weights.attention_s_per_token2 * (req.prompt_tokens**2 - cached**2) / 2
+    return round(req.prompt_tokens - cached + attention * rate)
+
+
+def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
+    rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
+    uncached = req.prompt_tokens - view.cached_tokens(req)
+    return TTFTTerms(
+        queue_s=view.load.prefill_tokens / rate,
+        prefill_s=prefill_seconds(uncached, req.prompt_tokens, rate, weights),
+        interference_s=weights.decode_interference_s * view.load.requests,
+        uncached_tokens=uncached,
+    )

@@ -1,0 +1,100 @@
+"""One routing decision: state lookup -> policy -> booking, as one atomic step of the store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from router.core.metrics import Metrics
+from router.core.instances import Candidate
+from router.scheduling.framework import Decision, Policy, RouteRequest, route_key
+from router.state.base import Booking, Leg, Snapshot, StateStore
+
+
+class SLORejected(Exception):
+    """The best predicted TTFT already misses the SLO: refuse now rather than queue."""
+
+    def __init__(self, decision: Decision, slo_s: float) -> None:
+        super().__init__(f"predicted TTFT {decision.estimate_s:.2f}s exceeds the {slo_s:.2f}s SLO")
+        self.decision = decision
+        self.slo_s = slo_s
+
+
+def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:
+    """Legs of a decision: the answering instance first, then a remote prefill (transient)."""
+    kv = req.prompt_tokens + req.max_tokens
+
+    def queued(instance: str) -> int:
+        if decision.prefill_work is not None:  # the policy priced the prefill, attention included
+            return decision.prefill_work
+        return req.prompt_tokens - min(req.prompt_tokens, snap.matched.get(instance, 0) * req.block_tokens)
+
+    if decision.prefill is None:
+        return Booking.single(req.id, decision.instance, queued(decision.instance), kv, req.keys)
+    legs = (Leg(decision.instance, 0, kv, 1), Leg(decision.prefill, queued(decision.prefill), 0, 1, transient=True))
+    return Booking(req.id, legs, req.keys)
+
+
+def booking_key(booking: Booking) -> str:
+    return route_key(booking.legs[0].instance, booking.legs[1].instance if len(booking.legs) > 1 else None)
+
+
+class RequestChooser:
+    """Binds a policy to one request so a state store can ask it to choose (and revise)."""
+
+    def __init__(self, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate], slo_s: float | None = None) -> None:
+        self._policy = policy
+        self._req = req
+        self._candidates = candidates
+        self._slo_s = slo_s
+        self.decision: Decision | None = None
+
+    def __call__(self, snap: Snapshot) -> Booking:
+        decision = self._policy.choose(self._req, self._candidates, snap)
+        if self._slo_s is not None and decision.estimate_s is not None and decision.estimate_s > self._slo_s:
+            raise SLORejected(decision, self._slo_s)
+        self.decision = decision
+        return booking_for(self._req, decision, snap)
+
+    def revise(self, snap: Snapshot, booking: Booking) -> Booking | None:
+        if not self._policy.revisable:
+            return None
+        decision = self._policy.choose(self._req, self._candidates, snap)
+        if booking_key(booking) in decision.acceptable:
+            return None
+        self.decision = decision
+        return booking_for(self._req, decision, snap)
+
+
+@dataclass(frozen=True)
+class Routed:
+    booking: Booking
+    decision: Decision
+    snapshot: Snapshot
+    started: float  # perf_counter when the decision began
+
+
+async def decide(
+    store: StateStore,
+    policy: Policy,
+    req: RouteRequest,
+    candidates: Sequence[Candidate],
+    metrics: Metrics | None = None,
+    slo_s: float | None = None,
+) -> Routed:
+    """Choose and book a route for ``req`` among ``candidates``."""
+    chooser = RequestChooser(policy, req, candidates, slo_s)
+    started = time.perf_counter()
+    snap, booking = await store.decide(req.keys, [c.id for c in candidates], chooser)
+    assert chooser.decision is not None
+    decision = chooser.decision
+    if metrics is not None:
+        metrics.store_latency.labels("decide").observe(time.perf_counter() - started)
+        metrics.decisions.labels(policy.name, decision.reason).inc()
+        metrics.modes.labels(decision.mode).inc()
+        if req.prompt_tokens:
+            prefilling = decision.prefill or decision.instance
+            cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
+            metrics.cached_ratio.observe(cached / req.prompt_tokens)
+    return Routed(booking, decision, snap, started)

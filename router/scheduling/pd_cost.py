@@ -1,0 +1,91 @@
+"""Cost terms of a disaggregated request, Mooncake-Conductor style, in seconds.
+
+    ttft(P, D) = queue(P) + prefill(P) + transfer(P -> D) + admission(D) + step(D)
+
+queue and prefill are the colocated terms on P (cost.py). The KV that D lacks
+(prompt - cached on D) crosses the link between P and D: bytes / (link bandwidth shared
+by the transfers already in flight at either end). admission(D) is the wait for KV room
+on D, step(D) its decode step time, which must also stay under the TBT target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config.model import LinkConfig, PDConfig
+from router.scheduling.framework import RouteRequest, View
+
+
+def link_gbps(p: View, d: View, links: LinkConfig) -> float:
+    a, b = p.candidate, d.candidate
+    if a.node is not None and a.node == b.node:
+        return links.same_node_gbps
+    if a.zone is not None and a.zone == b.zone:
+        return links.same_zone_gbps
+    return links.cross_zone_gbps
+
+
+def transfer_tokens(req: RouteRequest, d: View) -> int:
+    """Tokens whose KV D must receive: those it does not already cache."""
+    return req.prompt_tokens - d.cached_tokens(req)
+
+
+def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig) -> float:
+    tokens = transfer_tokens(req, d)
+    if tokens <= 0:
+        return 0.0
+    per_token = p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token
+    sharing = 1 + max(p.load.transfers, d.load.transfers)
+    bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing
+    return pd.links.setup_s + tokens * per_token / bytes_per_s
+
+
+def decode_step_seconds(d: View, pd: PDConfig, extra_requests: int = 0, extra_kv: int = 0) -> float:
+    requests = d.load.requests + extra_requests
+    kv = d.load.kv_tokens + extra_kv
+    return pd.decode_step_base_s + pd.decode_step_per_request_s * requests + pd.decode_step_per_kv_token_s * kv
+
+
+def kv_fits(req: RouteRequest, d: View) -> bool:
+    return d.load.kv_tokens + req.prompt_tokens + req.max_tokens <= d.candidate.cache_tokens
+
+
+def admission_seconds(req: RouteRequest, d: View, pd: PDConfig) -> float:
+    """Wait for KV room on D: the deficit over the rate at which running decodes free KV
+    (each holds kv/requests tokens and ends after about max_tokens/2 more steps)."""
+    if kv_fits(req, d):
+        return 0.0
+    deficit = d.load.kv_tokens + req.prompt_tokens + req.max_tokens - d.candidate.cache_tokens
+    step = decode_step_seconds(d, pd)
+    remaining_steps = max(1.0, req.max_tokens / 2)
+    freed_per_s = d.load.kv_tokens / (remaining_steps * step) if d.load.kv_tokens else 0.0
+    return deficit / freed_per_s if freed_per_s > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class RouteCost:
+    """Every term of one candidate route, for the picker and for /debug/route."""
+
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    admission_s: float
+    step_s: float
+    prefill_tokens: int
+    transfer_tokens: int
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.prefill_s + self.transfer_s + self.admission_s + self.step_s
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "ttft_s": self.total_s,
+            "queue_s": self.queue_s,
+            "prefill_s": self.prefill_s,
+            "transfer_s": self.transfer_s,
+            "admission_s": self.admission_s,
+            "decode_step_s": self.step_s,
+            "prefill_tokens": float(self.prefill_tokens),
+            "transfer_tokens": float(self.transfer_tokens),
+        }

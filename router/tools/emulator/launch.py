@@ -1,0 +1,266 @@
+"""Start emulators: in a thread, in the current event loop, or as a process.
+
+Why three ways: tests want cheap in-process servers (a thread, or the test's
+own loop); the demo wants real parallelism on several cores (subprocesses).
+All bind the socket *before* building the app so that port 0 works and the
+engine knows the port it advertises to PD peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+
+from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.faults import install_log_filter
+from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.server import build_app
+
+
+@dataclass
+class EmulatorHandle:
+    """A running in-process emulator; ``stop()`` shuts it down."""
+
+    url: str
+    host: str
+    port: int
+    config: EmulatorConfig
+    engine_id: str
+    bootstrap_port: int | None
+    _stop: Callable[[], None] = field(repr=False, default=lambda: None)
+
+    def stop(self) -> None:
+        self._stop()
+
+    def __enter__(self) -> EmulatorHandle:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket (port 0 = any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (for processes that bind it themselves)."""
+    with bind_socket(host, 0) as sock:
+        return int(sock.getsockname()[1])
+
+
+def uvicorn_config(app: Any, log_level: str = "warning", event_loop: bool = False
+                   ) -> uvicorn.Config:
+    """Lean uvicorn settings: no access log, short graceful shutdown."""
+    try:
+        import httptools  # noqa: F401
+        http = "httptools"
+    except ImportError:  # pragma: no cover
+        http = "h11"
+    loop = "none"
+    if event_loop:
+        try:
+            import uvloop  # noqa: F401
+            loop = "uvloop"
+        except ImportError:  # pragma: no cover
+            loop = "asyncio"
+    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                          http=http, ws="none", loop=loop, timeout_graceful_shutdown=1,
+                          timeout_keep_alive=30)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+
+
+def _prepare(config: EmulatorConfig, host: str | None, port: int | None
+             ) -> tuple[socket.socket, EmulatorConfig, uvicorn.Server, EmulatorRuntime]:
+    host = host or config.host
+    sock = bind_socket(host, config.port if port is None else port)
+    config = config.replace(host=host, port=int(sock.getsockname()[1]))
+    app = build_app(config)
+    install_log_filter()
+    return sock, config, uvicorn.Server(uvicorn_config(app)), app.state.runtime
+
+
+def _handle(config: EmulatorConfig, runtime: EmulatorRuntime,
+            stop: Callable[[], None]) -> EmulatorHandle:
+    return EmulatorHandle(url=f"http://{config.public_host}:{config.port}",
+                          host=config.host, port=config.port, config=config,
+                          engine_id=runtime.engine_id, bootstrap_port=runtime.bootstrap_port,
+                          _stop=stop)
+
+
+def start_in_thread(config: EmulatorConfig, host: str | None = None, port: int | None = 0,
+                    ready_timeout: float = 15.0) -> EmulatorHandle:
+    """Serve ``config`` from a daemon thread with its own event loop."""
+    sock, config, server, runtime = _prepare(config, host, port)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with asyncio.Runner(loop_factory=_new_loop) as runner:
+                runner.run(server.serve(sockets=[sock]))
+        except BaseException as exc:  # surfaced to the starting thread
+            errors.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=run, name=f"emulator-{config.port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + ready_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"emulator on port {config.port} failed to start: {errors}")
+        time.sleep(0.005)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        if thread.is_alive():
+            server.force_exit = True
+            thread.join(timeout=5)
+
+    return _handle(config, runtime, stop)
+
+
+@asynccontextmanager
+async def serve_emulator(config: EmulatorConfig, host: str | None = None,
+                         port: int | None = 0) -> AsyncIterator[EmulatorHandle]:
+    """Serve ``config`` inside the running event loop for the ``async with`` body."""
+    sock, config, server, runtime = _prepare(config, host, port)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("emulator exited during startup")
+            await asyncio.sleep(0.005)
+        yield _handle(config, runtime, lambda: setattr(server, "should_exit", True))
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+def read_tail(path: str, limit: int = 4000) -> str:
+    """The end of a process's log file, for error messages ("" if unreadable)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
+    """Terminate, give it ``timeout`` seconds to finish cleanly, then kill; the exit code."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    return int(process.returncode)
+
+
+@dataclass
+class EmulatorProcess:
+    """An emulator running as ``python -m router.tools.emulator``."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    host: str
+    port: int
+    bootstrap_port: int
+    log_path: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, limit: int = 4000) -> str:
+        return read_tail(self.log_path, limit)
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """Terminate (then kill) the process; returns its exit code."""
+        code = stop_process(self.process, timeout)
+        with contextlib.suppress(OSError):
+            os.unlink(self.log_path)
+        return code
+
+    def __enter__(self) -> EmulatorProcess:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def spawn_emulator(config: EmulatorConfig, host: str | None = None,
+                   port: int | None = None, ready_timeout: float = 30.0,
+                   extra_args: list[str] | None = None) -> EmulatorProcess:
+    """Start a subprocess and wait until its /health answers (any status)."""
+    from router.tools.emulator.cli import config_to_argv
+
+    host = host or config.host
+    port = port or free_port(host)
+    bootstrap = config.bootstrap_port or free_port(host)
+    config = config.replace(host=host, port=port, bootstrap_port=bootstrap)
+    fd, log_path = tempfile.mkstemp(prefix=f"emulator-{port}-", suffix=".log")
+    argv = [sys.executable, "-m", "router.tools.emulator", *config_to_argv(config),
+            *(extra_args or [])]
+    with os.fdopen(fd, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+    handle = EmulatorProcess(process=process, url=f"http://{config.public_host}:{port}",
+                             host=host, port=port, bootstrap_port=bootstrap,
+                             log_path=log_path)
+    deadline = time.monotonic() + ready_timeout
+    with httpx.Client(trust_env=False, timeout=1.0) as client:
+        while True:
+            if not handle.alive():
+                tail = handle.log_tail()
+                handle.stop()
+                raise RuntimeError(f"emulator exited with {process.returncode}:\n{tail}")
+            try:
+                client.get(handle.url + "/health")
+                return handle
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                tail = handle.log_tail()
+                handle.stop()
+                raise RuntimeError(f"emulator not healthy after {ready_timeout}s:\n{tail}")
+            time.sleep(0.05)

@@ -1,0 +1,132 @@
+"""Prometheus metrics with the real engines' names, in a per-app registry.
+
+Why per-app: several emulators run inside one test process; a global
+registry would mix their numbers (and refuse duplicate names). Gauges and
+counters are computed from the engine when scraped, so the hot path pays
+nothing; only latency histograms are observed per request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from router.tools.emulator.engine import Engine
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineCollector(Collector):
+    """Reads gauges and counters straight from the engine at scrape time."""
+
+    def __init__(self, flavor: str, model: str, engine: Engine,
+                 cache_labels: dict[str, str]) -> None:
+        self._flavor = flavor
+        self._model = model
+        self._engine = engine
+        self._cache_labels = cache_labels
+
+    def collect(self) -> Iterator[Metric]:
+        if self._flavor == "vllm":
+            yield from self._vllm()
+        else:
+            yield from self._sglang()
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self._model], value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([self._model], value)
+        return family
+
+    def _vllm(self) -> Iterator[Metric]:
+        e = self._engine
+        c = e.counters
+        yield self._gauge("vllm:num_requests_running", "Requests in the running batch.",
+                          e.num_running)
+        yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.",
+                          e.num_waiting)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100%).",
+                          e.kv.usage)
+        yield self._gauge("vllm:gpu_cache_usage_perc", "Older name of kv_cache_usage_perc.",
+                          e.kv.usage)
+        yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the "
+                            "prefix cache.", c.prompt_tokens)
+        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix "
+                            "cache.", c.cached_tokens)
+        yield self._counter("vllm:prompt_tokens", "Prompt tokens processed.", c.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Tokens generated.", c.generated_tokens)
+        yield self._counter("vllm:num_preemptions", "Preemptions (never: KV is reserved).", 0)
+        success = CounterMetricFamily("vllm:request_success", "Finished requests.",
+                                      labels=["model_name", "finished_reason"])
+        success.add_metric([self._model, "length"], c.requests_finished)
+        yield success
+        info = GaugeMetricFamily("vllm:cache_config_info", "KV cache configuration.",
+                                 labels=sorted(self._cache_labels))
+        info.add_metric([self._cache_labels[k] for k in sorted(self._cache_labels)], 1.0)
+        yield info
+
+    def _sglang(self) -> Iterator[Metric]:
+        e = self._engine
+        c = e.counters
+        hit_rate = c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0
+        used = e.kv.used_blocks * e.kv.block_size
+        yield self._gauge("sglang:num_running_reqs", "Running requests.", e.num_running)
+        yield self._gauge("sglang:num_queue_reqs", "Queued requests.", e.num_waiting)
+        yield self._gauge("sglang:num_used_tokens", "KV tokens in use.", used)
+        yield self._gauge("sglang:token_usage", "KV token usage (1 = 100%).", e.kv.usage)
+        yield self._gauge("sglang:cache_hit_rate", "Prefix cache hit rate (tokens).",
+                          hit_rate)
+        yield self._counter("sglang:prompt_tokens", "Prompt tokens processed.",
+                            c.prompt_tokens)
+        yield self._counter("sglang:generation_tokens", "Tokens generated.",
+                            c.generated_tokens)
+        yield self._counter("sglang:cached_tokens", "Prompt tokens served from cache.",
+                            c.cached_tokens)
+        yield self._counter("sglang:num_requests", "Finished requests.", c.requests_finished)
+        info = InfoMetricFamily("sglang:cache_config", "KV cache configuration.")
+        info.add_metric([], self._cache_labels)
+        yield info
+
+
+class EngineMetrics:
+    """The registry of one emulator app plus its latency histograms."""
+
+    def __init__(self, flavor: str, model: str, engine: Engine,
+                 cache_labels: dict[str, str]) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(flavor, model, engine, cache_labels))
+        prefix = "vllm" if flavor == "vllm" else "sglang"
+        self._ttft = Histogram(f"{prefix}:time_to_first_token_seconds",
+                               "Time to first token (wall seconds at this server).",
+                               labelnames=["model_name"], buckets=_TTFT_BUCKETS,
+                               registry=self.registry).labels(model)
+        self._e2e = Histogram(f"{prefix}:e2e_request_latency_seconds",
+                              "Request latency (wall seconds at this server).",
+                              labelnames=["model_name"], buckets=_E2E_BUCKETS,
+                              registry=self.registry).labels(model)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self._e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

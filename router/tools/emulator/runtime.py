@@ -1,0 +1,151 @@
+"""Everything one running emulator owns, wired together.
+
+Why one object: routes, PD handoff, fault injection and metrics all need the
+same engine, driver and counters; passing one runtime (stored on
+``app.state.runtime``) avoids globals so many emulators can share a process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+
+import httpx
+
+from router.tools.emulator.build import build_engine
+from router.tools.emulator.config import EmulatorConfig, FaultConfig
+from router.tools.emulator.driver import EngineDriver, RequestStream
+from router.tools.emulator.faults import FaultInjector
+from router.tools.emulator.metrics import EngineMetrics
+from router.tools.emulator.openai_schema import Limits
+from router.tools.emulator.pd_sglang import BootstrapServer
+from router.tools.emulator.pd_vllm import KVHolds
+from router.tools.emulator.stats import FinishedRecord, StatsRecorder
+
+log = logging.getLogger(__name__)
+
+
+class EmulatorRuntime:
+    """Config + engine + driver + faults + stats + metrics + PD helpers."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        parts = build_engine(config)
+        self.config = config
+        self.profile = parts.profile
+        self.engine = parts.engine
+        self.tokenizer = parts.tokenizer
+        self.sampler = parts.sampler
+        self.max_model_len = parts.max_model_len
+        self.kv_bandwidth_gbps = parts.kv_bandwidth_gbps
+        self.engine_id = config.engine_id or f"emu-{uuid.uuid4().hex[:12]}"
+        self.model = config.served_model
+        self.limits = Limits(served_model=self.model, max_model_len=self.max_model_len,
+                             default_max_tokens=config.default_max_tokens,
+                             vocab_size=self.tokenizer.vocab_size)
+        self.stats = StatsRecorder(config.stats_history)
+        self.metrics = EngineMetrics(config.flavor, self.model, self.engine,
+                                     self.cache_labels())
+        self.faults = FaultInjector(config.faults, config.seed, self._apply_faults)
+        self.driver = EngineDriver(self.engine, config.time_scale,
+                                   on_first_token=self._on_first_token,
+                                   on_finished=self._on_finished)
+        self.kv_holds = KVHolds(self.driver, config.kv_hold_timeout_s, self.stats.pd)
+        self.bootstrap: BootstrapServer | None = None
+        self.bootstrap_port: int | None = None
+        self.http: httpx.AsyncClient | None = None
+        self._ids = itertools.count()
+        self._run_tag = uuid.uuid4().hex[:8]
+
+    # -- lifecycle (called from the app's lifespan) ------------------------------
+
+    async def start(self) -> None:
+        self.driver.start()
+        # trust_env=False: PD peers are addressed directly, never via a proxy.
+        self.http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0))
+        if self.config.flavor == "sglang" and self.config.role == "prefill":
+            self.bootstrap = BootstrapServer(self.config.bootstrap_timeout_s, self.stats.pd)
+            self.bootstrap_port = await self.bootstrap.start(self.config.host,
+                                                             self.config.bootstrap_port)
+            log.info("bootstrap listener on port %d", self.bootstrap_port)
+
+    async def stop(self) -> None:
+        self.kv_holds.close()
+        if self.bootstrap is not None:
+            await self.bootstrap.close()
+        if self.http is not None:
+            await self.http.aclose()
+        await self.driver.stop()
+
+    # -- helpers -----------------------------------------------------------------
+
+    def next_request_id(self) -> str:
+        """Engine-unique request id (also the PD ``remote_request_id``)."""
+        return f"{self._run_tag}-{next(self._ids)}"
+
+    def sleep_scale(self) -> float:
+        """Wall seconds per model second, including the slowdown fault."""
+        return self.config.time_scale * self.faults.config.slowdown
+
+    def cache_labels(self) -> dict[str, str]:
+        kv = self.engine.kv
+        return {
+            "block_size": str(kv.block_size),
+            "num_gpu_blocks": str(kv.num_blocks),
+            "enable_prefix_caching": "True",
+            "cache_dtype": "auto",
+            "gpu_memory_utilization": str(self.profile.gpu_memory_utilization),
+        }
+
+    def _apply_faults(self, faults: FaultConfig) -> None:
+        self.engine.time_multiplier = faults.slowdown
+
+    def _on_first_token(self, stream: RequestStream) -> None:
+        if stream.first_token_wall is not None:
+            self.metrics.observe_ttft(stream.first_token_wall - stream.arrival_wall)
+
+    def _on_finished(self, stream: RequestStream) -> None:
+        r = stream.request
+        self.metrics.observe_e2e(self.driver.wall_time() - stream.arrival_wall)
+        e2e = (r.finish_time - r.arrival_time) if r.finish_time is not None else None
+        self.stats.record(FinishedRecord(
+            request_id=r.request_id, client_request_id=r.tag, prompt_tokens=r.prompt_len,
+            cached_tokens=r.num_cached, transferred_tokens=r.num_transferred,
+            output_tokens=r.num_output, queue_model_s=r.queue_time,
+            ttft_model_s=r.ttft, e2e_model_s=e2e, finish_reason=r.finish_reason))
+
+    def snapshot(self, recent: int = 100) -> dict[str, object]:
+        """The ``/emulator/stats`` document (``recent`` finished requests)."""
+        e = self.engine
+        c = e.counters
+        kv = e.kv
+        return {
+            "engine_id": self.engine_id,
+            "flavor": self.config.flavor,
+            "role": self.config.role,
+            "model": self.model,
+            "profile": self.profile.name,
+            "time_scale": self.config.time_scale,
+            "requests": {
+                "added": c.requests_added, "scheduled": c.requests_scheduled,
+                "finished": c.requests_finished, "aborted": c.requests_aborted,
+                "running": e.num_running, "waiting": e.num_waiting,
+                "held": len(e.held),
+            },
+            "tokens": {
+                "prompt": c.prompt_tokens, "cached": c.cached_tokens,
+                "transferred_in": c.transferred_tokens,
+                "prefill_computed": c.prefill_computed_tokens,
+                "generated": c.generated_tokens,
+            },
+            "prefix_hit_ratio": c.cached_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            "kv": {
+                "block_size": kv.block_size, "num_blocks": kv.num_blocks,
+                "used_blocks": kv.used_blocks, "cached_blocks": kv.cached_blocks,
+                "usage": kv.usage, "evictions": kv.evictions,
+            },
+            "model_time": {"steps": c.steps, "busy_s": c.busy_time,
+                           "now_s": self.driver.model_now()},
+            "faults": self.faults.config.to_dict(),
+            **self.stats.to_dict(recent),
+        }

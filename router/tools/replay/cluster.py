@@ -1,0 +1,113 @@
+"""The emulated cluster of a replay: engines built exactly as the HTTP emulator builds
+them, and the ``Candidate`` facts the router would be configured with for each.
+
+What the router is told is configuration, not tuning: each candidate's cache size is its
+engine's, its prefill rate and the TTFT model's attention and step terms are fitted to the
+profile (``router.tools.localrun.profile_timing``, as for live emulated runs), its KV bytes per
+token the model's, and the PD link the replay's. All instances share one zone, so every P -> D transfer uses ``link_gbps``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config.model import LinkConfig, PDConfig
+from router.tools.emulator.build import engine_config
+from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.engine import Engine
+from router.tools.emulator.perf import PerfProfile, get_profile
+from router.tools.localrun import profile_timing
+from router.core.instances import Candidate
+
+ZONE = "replay"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    prefill: int = 0
+    decode: int = 0
+    mixed: int = 0
+    profile: str = "llama3-8b-h100"
+    cache_tokens: int | None = None  # per engine; None = what the profile's HBM leaves
+    link_gbps: float | None = None  # P -> D KV link; None = the profile's
+    transfer_latency_s: float = 0.0005  # fixed cost per transfer (the emulator's default)
+    max_num_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        if min(self.prefill, self.decode, self.mixed) < 0:
+            raise ValueError("instance counts must be >= 0")
+        if self.decode + self.mixed == 0:
+            raise ValueError("need at least one decode or mixed instance to answer requests")
+
+    @property
+    def disaggregated(self) -> bool:
+        """A prefill pool exists, so the router runs its PD policies (as live)."""
+        return self.prefill > 0
+
+    def emulator_config(self) -> EmulatorConfig:
+        return EmulatorConfig(profile=self.profile, cache_tokens=self.cache_tokens, max_num_seqs=self.max_num_seqs)
+
+    def perf(self) -> PerfProfile:
+        return get_profile(self.profile)
+
+    def link(self) -> float:
+        return self.link_gbps if self.link_gbps is not None else self.perf().link_gbps
+
+    def ttft_weights(self) -> dict[str, float]:
+        """The router's colocated TTFT model fitted to the profile (as for live emulated runs)."""
+        t = profile_timing(self.perf(), 1.0)
+        return {"prefill_tokens_per_s": t["prefill_tokens_per_s"], "attention_s_per_token2": t["attention_s_per_token2"],
+                "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"]}
+
+    def pd_config(self) -> PDConfig:
+        """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
+        link = self.link()
+        t = profile_timing(self.perf(), 1.0)
+        return PDConfig(
+            kv_bytes_per_token=self.perf().kv_bytes_per_token,
+            links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=link,
+                             setup_s=self.transfer_latency_s),
+            decode_step_base_s=t["decode_step_base_s"],
+            decode_step_per_request_s=t["decode_step_per_request_s"],
+            decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],
+        )
+
+
+@dataclass(eq=False)
+class Node:
+    """One emulated instance: its engine, what the router knows of it, and whether a step
+    is in flight (an engine runs one step at a time)."""
+
+    index: int
+    candidate: Candidate
+    engine: Engine
+    busy: bool = False
+    kick_pending: bool = False
+
+    @property
+    def id(self) -> str:
+        return self.candidate.id
+
+
+def build_cluster(spec: ClusterSpec) -> list[Node]:
+    """Prefill instances first (p0..), then decode (d0..), then mixed (m0..)."""
+    profile = spec.perf()
+    emu = spec.emulator_config()
+    emu.validate()
+    config = engine_config(emu, profile)
+    rate = profile_timing(profile, 1.0)["prefill_tokens_per_s"]  # linear part; attention is its own term
+    compat = (emu.served_model, "auto", config.block_size, emu.flavor)
+    nodes: list[Node] = []
+    for role, prefix, count in (("prefill", "p", spec.prefill), ("decode", "d", spec.decode), ("mixed", "m", spec.mixed)):
+        for i in range(count):
+            candidate = Candidate(
+                id=f"{prefix}{i}",
+                cache_tokens=config.num_blocks * config.block_size,
+                prefill_tokens_per_s=rate,
+                role=role,
+                compat=compat,
+                zone=ZONE,
+                kv_bytes_per_token=profile.kv_bytes_per_token,
+            )
+            nodes.append(Node(len(nodes), candidate, Engine(config, profile)))
+    return nodes
