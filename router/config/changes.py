@@ -7,7 +7,7 @@ Pure functions on dicts, so the admin API, the file watcher and SIGHUP share one
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,6 +74,20 @@ def diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str
         elif a != b:
             changed.append(f"{prefix}{key}")
     return changed
+
+
+def env_overrides(paths: Iterable[str], environ: Mapping[str, str], prefix: str = "PD_ROUTER_") -> dict[str, str]:
+    """The ``PD_ROUTER_*`` variable that sets each of ``paths`` (or a section above it), if any."""
+    names = {name.upper(): name for name in environ}
+    found = {}
+    for path in paths:
+        parts = path.upper().split(".")
+        for depth in range(1, len(parts) + 1):
+            var = prefix + "__".join(parts[:depth])
+            if var in names:
+                found[path] = names[var]
+                break
+    return found
 
 
 def check_live(changed: list[str]) -> None:
@@ -147,4 +161,4 @@ def apply_in_place(target: BaseModel, source: BaseModel, skip: frozenset[str] = 
 
 
 __all__ = ["ConfigError", "FIXED", "REDACTED", "Refused", "apply_in_place", "check_live", "diff", "dump",
-           "leaf_paths", "lookup", "merge_patch", "redact", "unredact", "validate"]
+           "env_overrides", "leaf_paths", "lookup", "merge_patch", "redact", "unredact", "validate"]

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from lightkube import AsyncClient, KubeConfig
@@ -91,8 +92,9 @@ class KubernetesSource:
         while True:
             started = time.monotonic()
             try:
-                listing = client.list(Pod, namespace=namespace, labels=selector)
-                view = {}
+                labels: dict[str, Any] = dict(selector)
+                listing = client.list(Pod, namespace=namespace, labels=labels)
+                view: dict[str, InstanceConfig] = {}
                 async for pod in listing:
                     self._admit(view, pod, role)
                 version = listing.resourceVersion
@@ -101,7 +103,7 @@ class KubernetesSource:
                 first = False
                 self._views[role] = view
                 await self._publish()
-                async for kind, pod in client.watch(Pod, namespace=namespace, labels=selector, resource_version=version):
+                async for kind, pod in client.watch(Pod, namespace=namespace, labels=labels, resource_version=version):
                     self._event(role, kind, pod)
                     await self._publish()
             except asyncio.CancelledError:

@@ -42,6 +42,8 @@ def is_serving(pod: Pod) -> bool:
 
 def _pod_value(pod: Pod, key: str) -> str | None:
     meta = pod.metadata
+    if meta is None:
+        return None
     for source in (meta.annotations, meta.labels):
         if source and ANNOTATION_PREFIX + key in source:
             return source[ANNOTATION_PREFIX + key]
@@ -57,7 +59,7 @@ def pod_instance(pod: Pod, role: DiscoveryRole, defaults: InstanceDefaults) -> I
         raw = _pod_value(pod, key)
         if raw is None:
             continue
-        annotation = InstanceDefaults.model_fields[field].annotation
+        annotation: Any = InstanceDefaults.model_fields[field].annotation
         try:
             overrides[field] = TypeAdapter(annotation).validate_strings(raw) if raw != "" else None
             InstanceDefaults.model_validate({**defaults.model_dump(), field: overrides[field]})

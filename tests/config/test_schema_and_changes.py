@@ -87,3 +87,9 @@ def test_parts_that_need_a_restart_are_refused_with_the_reason():
         changes.check_live(changed)
     assert "proxy.max_connections" in str(info.value) and "connect_timeout_s" not in str(info.value)
     changes.check_live(["policy.ttft.request_overhead_s", "instances", "health.interval_s"])  # live: no error
+
+
+def test_environment_variables_that_set_a_path_or_its_section_are_found():
+    env = {"PD_ROUTER_PD__TBT_TARGET_S": "0.2", "pd_router_health": '{"interval_s": 3}', "HOME": "/root"}
+    found = changes.env_overrides(["pd.tbt_target_s", "health.interval_s", "policy.name", "pd.links.setup_s"], env)
+    assert found == {"pd.tbt_target_s": "PD_ROUTER_PD__TBT_TARGET_S", "health.interval_s": "pd_router_health"}
