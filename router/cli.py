@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # which adds a parser whose ``func`` default returns an exit code.
 _COMMAND_MODULES = (
     "router.gateway.serve",
+    "router.config.cli",
     "router.tools.emulator.cli",
     "router.tools.demo",
     "router.tools.replay.cli",

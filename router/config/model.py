@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from router.config.discovery import DiscoveryConfig, ReloadConfig
+
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
 PolicyName = Literal[
@@ -30,9 +32,9 @@ class _Strict(BaseModel):
 class KVShape(_Strict):
     """Model shape from which KV bytes per token follow: layers x 2 (K, V) x KV heads x head dim x bytes."""
 
-    layers: int = Field(gt=0)
-    kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
+    layers: int = Field(gt=0, description="transformer layers")
+    kv_heads: int = Field(gt=0, description="KV heads per layer (after GQA)")
+    head_dim: int = Field(gt=0, description="dimension of one head")
     dtype_bytes: float = Field(default=2, gt=0, description="2 for bf16/fp16, 1 for fp8")
 
     @property
@@ -43,14 +45,14 @@ class KVShape(_Strict):
 class InstanceConfig(_Strict):
     """One engine instance the router may send traffic to (and the only kind it ever contacts)."""
 
-    url: str
-    role: Role = "mixed"
-    name: str | None = None
-    flavor: Flavor = "vllm"
-    labels: dict[str, str] = Field(default_factory=dict)
+    url: str = Field(description="base URL of the engine, e.g. http://10.0.0.5:8000")
+    role: Role = Field(default="mixed", description="prefill, decode, or mixed (serves whole requests)")
+    name: str | None = Field(default=None, description="id in metrics and logs (default: the URL)")
+    flavor: Flavor = Field(default="vllm", description="engine protocol: vllm or sglang")
+    labels: dict[str, str] = Field(default_factory=dict, description="topology labels: node and zone set KV transfer bandwidth")
     cache_tokens: int = Field(default=500_000, gt=0, description="KV cache capacity in tokens")
-    prefill_tokens_per_s: float | None = Field(default=None, gt=0)
-    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0, description="prefill rate; None = policy.ttft.prefill_tokens_per_s")
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535, description="SGLang bootstrap port of a prefill instance")
     model: str | None = Field(default=None, description="served model; requests for another model never go here (None = any)")
     kv_dtype: str = Field(default="auto", description="KV cache dtype; P and D must agree")
     block_size: int = Field(default=16, ge=1, description="engine KV block size in tokens; P and D must agree")
@@ -87,20 +89,20 @@ class InstanceConfig(_Strict):
 
 
 class StateConfig(_Strict):
-    backend: Literal["memory", "redis"] = "memory"
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = Field(default="pdr", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+    backend: Literal["memory", "redis"] = Field(default="memory", description="memory (one process) or redis (shared by replicas and workers)")
+    redis_url: str = Field(default="redis://127.0.0.1:6379/0", description="Redis URL (a password in it is redacted on read)")
+    key_prefix: str = Field(default="pdr", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$", description="namespace of the router's Redis keys")
     lease_s: float = Field(default=15.0, gt=0, le=30, description="booked load vanishes this long after its owner stops refreshing it")
     residency_ttl_s: float = Field(default=600.0, gt=0, description="a residency entry not touched for this long is forgotten")
     max_keys_per_instance: int | None = Field(default=None, gt=0, description="cap on residency entries per instance; default cache_tokens / block tokens")
-    redis_timeout_s: float = Field(default=0.5, gt=0)
+    redis_timeout_s: float = Field(default=0.5, gt=0, description="timeout of one Redis call")
 
 
 class HashingConfig(_Strict):
     block_chars: int = Field(default=256, ge=8, description="characters per block key")
     chars_per_token: float = Field(default=4.0, gt=0, description="estimate used to turn characters into tokens")
     max_blocks: int = Field(default=4096, ge=1, description="longest prefix (in blocks) the router tracks")
-    seed: int = Field(default=0, ge=0, lt=2**64)
+    seed: int = Field(default=0, ge=0, lt=2**64, description="seed of the block hash (all replicas must agree)")
 
     @property
     def block_tokens(self) -> int:
@@ -122,25 +124,25 @@ class TTFTWeights(_Strict):
 class CacheAwareWeights(_Strict):
     """sglang-router style: longest cached prefix unless load is imbalanced."""
 
-    cache_threshold: float = Field(default=0.3, ge=0, le=1)
-    balance_abs_threshold: int = Field(default=64, ge=0)
-    balance_rel_threshold: float = Field(default=1.5, ge=1)
+    cache_threshold: float = Field(default=0.3, ge=0, le=1, description="minimum cached share of the prompt for the prefix rule")
+    balance_abs_threshold: int = Field(default=64, ge=0, description="loads are imbalanced when max - min exceeds this ...")
+    balance_rel_threshold: float = Field(default=1.5, ge=1, description="... and max exceeds this multiple of min")
 
 
 class PolicyConfig(_Strict):
-    name: PolicyName = "ttft"
+    name: PolicyName = Field(default="ttft", description="routing policy: ttft (this router's) or a baseline")
     seed: int | None = Field(default=None, description="RNG seed for tie breaks (None = random)")
     default_max_tokens: int = Field(default=256, ge=1, description="output length assumed when a request sets none")
-    ttft: TTFTWeights = Field(default_factory=TTFTWeights)
-    cache_aware: CacheAwareWeights = Field(default_factory=CacheAwareWeights)
+    ttft: TTFTWeights = Field(default_factory=TTFTWeights, description="weights of the ttft policy")
+    cache_aware: CacheAwareWeights = Field(default_factory=CacheAwareWeights, description="thresholds of the cache_aware baseline")
 
 
 class LinkConfig(_Strict):
     """Bandwidth of a KV transfer by topology (instance labels ``node`` and ``zone``)."""
 
-    same_node_gbps: float = Field(default=400.0, gt=0)
-    same_zone_gbps: float = Field(default=100.0, gt=0)
-    cross_zone_gbps: float = Field(default=25.0, gt=0)
+    same_node_gbps: float = Field(default=400.0, gt=0, description="GB/s between instances on one node")
+    same_zone_gbps: float = Field(default=100.0, gt=0, description="GB/s between nodes of one zone")
+    cross_zone_gbps: float = Field(default=25.0, gt=0, description="GB/s across zones (or topology unknown)")
     setup_s: float = Field(default=0.002, ge=0, description="fixed cost of one transfer")
 
 
@@ -148,12 +150,12 @@ class PDConfig(_Strict):
     """Prefill/decode disaggregation: pair scoring, handoff and failure policy."""
 
     kv_bytes_per_token: int = Field(default=131072, gt=0, description="KV bytes per token (Llama-3-8B bf16: 32 layers x 2 x 8 heads x 128 x 2 B)")
-    links: LinkConfig = Field(default_factory=LinkConfig)
+    links: LinkConfig = Field(default_factory=LinkConfig, description="KV transfer bandwidth by topology")
     selective_threshold_tokens: int = Field(default=512, ge=0, description="run on the decode instance alone when fewer tokens than this are uncached there")
     tbt_target_s: float = Field(default=0.1, gt=0, description="decode instances whose estimated time between tokens would exceed this are skipped")
-    decode_step_base_s: float = Field(default=0.008, ge=0)
-    decode_step_per_request_s: float = Field(default=0.0002, ge=0)
-    decode_step_per_kv_token_s: float = Field(default=1.0e-8, ge=0)
+    decode_step_base_s: float = Field(default=0.008, ge=0, description="fixed time of one decode step")
+    decode_step_per_request_s: float = Field(default=0.0002, ge=0, description="decode step time added per running request")
+    decode_step_per_kv_token_s: float = Field(default=1.0e-8, ge=0, description="decode step time added per KV token in flight")
     max_pair_candidates: int = Field(default=8, ge=1, description="prefill and decode instances (each) whose pairs are scored")
     prefill_retries: int = Field(default=1, ge=0, le=5, description="other prefill instances tried when one fails before answering")
     fallback_local_prefill: bool = Field(default=True, description="after the retries, prefill on the decode instance (counted, logged)")
@@ -162,46 +164,50 @@ class PDConfig(_Strict):
 
 
 class CalibrationConfig(_Strict):
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="scale prefill rates by measured / estimated TTFT")
     alpha: float = Field(default=0.2, gt=0, le=1, description="EWMA weight of each new observation")
-    min_factor: float = Field(default=0.2, gt=0)
-    max_factor: float = Field(default=5.0, gt=1)
+    min_factor: float = Field(default=0.2, gt=0, description="lower bound of an instance's slowdown factor")
+    max_factor: float = Field(default=5.0, gt=1, description="upper bound of an instance's slowdown factor")
     min_estimate_s: float = Field(default=0.05, ge=0, description="only estimates at least this long are compared: "
                                   "shorter ones are dominated by fixed costs the rate model does not describe")
 
 
 class ProxyConfig(_Strict):
-    connect_timeout_s: float = Field(default=2.0, gt=0)
-    request_timeout_s: float = Field(default=1800.0, gt=0)
-    max_connections: int = Field(default=1000, ge=1)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    connect_timeout_s: float = Field(default=2.0, gt=0, description="timeout of a connection to an engine")
+    request_timeout_s: float = Field(default=1800.0, gt=0, description="longest time one proxied request may take")
+    max_connections: int = Field(default=1000, ge=1, description="connections to engines, in all (fixed at start)")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body accepted (413 above)")
     retries: int = Field(default=2, ge=0, le=10, description="attempts on another instance before the first byte")
 
 
 class HealthConfig(_Strict):
-    interval_s: float = Field(default=5.0, gt=0)
-    timeout_s: float = Field(default=2.0, gt=0)
-    failures_to_unhealthy: int = Field(default=2, ge=1)
-    successes_to_healthy: int = Field(default=1, ge=1)
+    interval_s: float = Field(default=5.0, gt=0, description="seconds between active health checks (GET /health)")
+    timeout_s: float = Field(default=2.0, gt=0, description="timeout of one health check")
+    failures_to_unhealthy: int = Field(default=2, ge=1, description="consecutive failures that take an instance out")
+    successes_to_healthy: int = Field(default=1, ge=1, description="consecutive successes that bring it back")
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 when nothing is healthy")
 
 
 class ServerConfig(_Strict):
+    """The router's own server; host and port are command-line flags of ``pd-router serve``."""
+
     admin_token: str | None = Field(default=None, description="bearer token for /debug and admin routes; unset = admin routes disabled")
 
 
 class RouterConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PD_ROUTER_", env_nested_delimiter="__", extra="forbid")
 
-    instances: list[InstanceConfig] = Field(default_factory=list)
-    state: StateConfig = Field(default_factory=StateConfig)
-    hashing: HashingConfig = Field(default_factory=HashingConfig)
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    pd: PDConfig = Field(default_factory=PDConfig)
-    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
+    instances: list[InstanceConfig] = Field(default_factory=list, description="static instances (may be empty: discovery or the admin API adds more)")
+    state: StateConfig = Field(default_factory=StateConfig, description="where residency and booked load live")
+    hashing: HashingConfig = Field(default_factory=HashingConfig, description="how prompts become block keys")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="the routing policy and its weights")
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig, description="how requests are relayed to engines")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="active health checks")
+    pd: PDConfig = Field(default_factory=PDConfig, description="prefill/decode disaggregation")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="online calibration of prefill rates")
+    server: ServerConfig = Field(default_factory=ServerConfig, description="the router's own HTTP server")
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig, description="instances found at run time (Kubernetes, DNS)")
+    reload: ReloadConfig = Field(default_factory=ReloadConfig, description="live reload of the config file")
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":

@@ -1,15 +1,27 @@
-"""The instances the router knows (from config only: it never contacts anything else)
-and their health, kept by active checks and by failures seen while proxying."""
+"""The instances the router knows and their health, kept by active checks and by failures
+seen while proxying.
+
+Only known instances are ever contacted. They come from the config (``static``), the
+admin API (also ``static``: it edits the config's list) or a discovery source
+(``kubernetes``, ``dns``); nothing in a client request can add one. Membership changes at
+run time: ``sync`` replaces one source's instances with a new set and says what changed.
+An instance removed while requests to it are still in flight stays addressable by those
+requests (``get``) but is never chosen again.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-from router.config.model import InstanceConfig, RouterConfig
+from router.config.model import HealthConfig, InstanceConfig, RouterConfig
 
 log = logging.getLogger(__name__)
+
+STATIC = "static"
+_RETIRED_KEPT = 1024  # removed instances still addressable by their in-flight requests
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,9 @@ class Instance:
     healthy: bool = True
     failures: int = 0
     successes: int = 0
+    source: str = STATIC
+    draining: bool = False  # takes no new requests; those in flight finish
+    factor: float = 1.0  # calibrated slowdown of the prefill rate
 
     @property
     def id(self) -> str:
@@ -42,6 +57,23 @@ class Instance:
     @property
     def url(self) -> str:
         return self.config.url
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.draining
+
+
+@dataclass
+class Change:
+    """What one ``sync`` did."""
+
+    added: list[Instance] = field(default_factory=list)
+    removed: list[Instance] = field(default_factory=list)
+    updated: list[Instance] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # id -> why it was not added
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.updated)
 
 
 def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> Candidate:
@@ -62,10 +94,75 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> 
 
 class InstancePool:
     def __init__(self, config: RouterConfig) -> None:
+        self._health: HealthConfig = config.health
+        self._default_rate = config.policy.ttft.prefill_tokens_per_s
+        self._instances: dict[str, Instance] = {
+            ic.id: Instance(ic, _candidate(ic, self._default_rate)) for ic in config.instances
+        }
+        self._retired: OrderedDict[str, Instance] = OrderedDict()
+
+    def reconfigure(self, config: RouterConfig) -> None:
+        """Take a new config's health thresholds and default prefill rate (calibration kept)."""
         self._health = config.health
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
-        self._instances = {ic.id: Instance(ic, _candidate(ic, self._default_rate)) for ic in config.instances}
+        for inst in self._instances.values():
+            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor)
 
+    # -- membership ----------------------------------------------------------------------
+    def sync(self, source: str, configs: Sequence[InstanceConfig], *, healthy: bool = False) -> Change:
+        """Make ``configs`` the instances of ``source``: add the new, remove the missing, update
+        the changed. A new instance starts ``healthy`` as given (False: a check must pass
+        first). An id another source already holds is refused, never taken over."""
+        change = Change()
+        wanted: dict[str, InstanceConfig] = {}
+        for ic in configs:
+            held = self._instances.get(ic.id)
+            if held is not None and held.source != source:
+                change.refused[ic.id] = f"id already used by a {held.source} instance"
+            elif ic.id in wanted:
+                change.refused[ic.id] = "duplicate id"
+            else:
+                wanted[ic.id] = ic
+        for inst in [i for i in self._instances.values() if i.source == source]:
+            new = wanted.get(inst.id)
+            if new is None or new.url != inst.url:  # gone, or the same name elsewhere: a different cache
+                change.removed.append(self._remove(inst.id))
+            elif new != inst.config:
+                inst.config = new
+                inst.candidate = _candidate(new, self._default_rate, inst.factor)
+                change.updated.append(inst)
+        for instance_id, ic in wanted.items():
+            if instance_id not in self._instances:
+                inst = Instance(ic, _candidate(ic, self._default_rate), healthy=healthy, source=source)
+                self._instances[instance_id] = inst
+                self._retired.pop(instance_id, None)
+                change.added.append(inst)
+        for inst in change.added:
+            log.info("instance %s (%s, %s) added by %s", inst.id, inst.url, inst.config.role, source)
+        for inst in change.removed:
+            log.info("instance %s (%s) removed by %s", inst.id, inst.url, source)
+        for instance_id, why in change.refused.items():
+            log.warning("instance %s from %s refused: %s", instance_id, source, why)
+        return change
+
+    def _remove(self, instance_id: str) -> Instance:
+        inst = self._instances.pop(instance_id)
+        self._retired[instance_id] = inst
+        while len(self._retired) > _RETIRED_KEPT:
+            self._retired.popitem(last=False)
+        return inst
+
+    def ids(self, source: str) -> list[str]:
+        return [i.id for i in self._instances.values() if i.source == source]
+
+    def set_draining(self, instance_id: str, draining: bool) -> Instance:
+        inst = self._instances[instance_id]
+        if inst.draining != draining:
+            inst.draining = draining
+            log.info("instance %s %s", instance_id, "draining: no new requests" if draining else "takes requests again")
+        return inst
+
+    # -- reads ---------------------------------------------------------------------------
     @property
     def disaggregated(self) -> bool:
         """True when the cluster has a prefill pool (PD routing)."""
@@ -73,8 +170,10 @@ class InstancePool:
 
     def calibrate(self, instance_id: str, factor: float) -> None:
         """Scale an instance's prefill rate by a measured slowdown ``factor``."""
-        inst = self._instances[instance_id]
-        inst.candidate = _candidate(inst.config, self._default_rate, factor)
+        inst = self._lookup(instance_id)
+        if inst is not None:
+            inst.factor = factor
+            inst.candidate = _candidate(inst.config, self._default_rate, factor)
 
     def compat_report(self) -> dict[str, str]:
         """Instances that can never be paired, with the reason (empty when all can)."""
@@ -93,23 +192,38 @@ class InstancePool:
                 )
         return problems
 
-    def __iter__(self):
-        return iter(self._instances.values())
+    def __iter__(self) -> Iterator[Instance]:
+        return iter(list(self._instances.values()))
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._instances
+
+    def __len__(self) -> int:
+        return len(self._instances)
 
     def get(self, instance_id: str) -> Instance:
-        return self._instances[instance_id]
+        """A known instance, or one removed while a request to it was in flight."""
+        inst = self._lookup(instance_id)
+        if inst is None:
+            raise KeyError(instance_id)
+        return inst
+
+    def _lookup(self, instance_id: str) -> Instance | None:
+        return self._instances.get(instance_id) or self._retired.get(instance_id)
 
     def healthy(self, roles: Iterable[str], exclude: Iterable[str] = (), model: str | None = None) -> list[Instance]:
-        """Healthy instances of ``roles`` that serve ``model`` (instances without a model serve any)."""
+        """Routable (healthy, not draining) instances of ``roles`` that serve ``model``
+        (instances without a model serve any)."""
         roles, skip = set(roles), set(exclude)
         return [
             i
             for i in self._instances.values()
-            if i.healthy and i.config.role in roles and i.id not in skip and (i.config.model in (None, model) or model is None)
+            if i.routable and i.config.role in roles and i.id not in skip and (i.config.model in (None, model) or model is None)
         ]
 
     def any_healthy(self) -> bool:
-        return any(i.healthy for i in self._instances.values())
+        """True when some instance can take a new request (what /ready reports)."""
+        return any(i.routable for i in self._instances.values())
 
     def caps(self, block_tokens: int) -> dict[str, int]:
         return {i.id: max(1, i.config.cache_tokens // block_tokens) for i in self._instances.values()}
@@ -117,7 +231,9 @@ class InstancePool:
     # -- health bookkeeping ----------------------------------------------------------------
     def record_success(self, instance_id: str) -> bool:
         """Returns True when this success brought the instance back."""
-        inst = self._instances[instance_id]
+        inst = self._lookup(instance_id)
+        if inst is None:
+            return False
         inst.failures = 0
         inst.successes += 1
         if not inst.healthy and inst.successes >= self._health.successes_to_healthy:
@@ -128,7 +244,9 @@ class InstancePool:
 
     def record_failure(self, instance_id: str, *, fatal: bool = False) -> None:
         """A failed check or request; ``fatal`` (connection refused) marks it down at once."""
-        inst = self._instances[instance_id]
+        inst = self._lookup(instance_id)
+        if inst is None:
+            return
         inst.successes = 0
         inst.failures += 1
         if inst.healthy and (fatal or inst.failures >= self._health.failures_to_unhealthy):

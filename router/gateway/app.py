@@ -20,7 +20,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config.model import RouterConfig
 from router.core.errors import RouterError, error_body
+from router.gateway.admin import install_admin
 from router.gateway.explain import explain
+from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
@@ -59,7 +61,7 @@ def _store_counters(store: StateStore) -> dict[str, int]:
     }
 
 
-def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI:
+def create_app(config: RouterConfig, store: StateStore | None = None, live: LiveOptions | None = None) -> FastAPI:
     pool = InstancePool(config)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
@@ -81,9 +83,12 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
             app.state.service = RouterService(config, pool, store, policy, client, metrics)
+            app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions())
+            await app.state.live.start()
             try:
                 yield
             finally:
+                await app.state.live.stop()
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -149,7 +154,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     async def ready() -> Response:
         if pool.any_healthy():
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": "no healthy instance"}, status_code=503,
+        message = "no instance can take requests yet" if len(pool) == 0 else "no healthy instance"
+        return JSONResponse(error_body(message, type="service_unavailable", code="no_healthy_instance"), status_code=503,
                             headers={"Retry-After": str(config.health.retry_after_s)})
 
     @app.get("/metrics")
@@ -175,7 +181,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
         unpairable = pool.compat_report()
         calibrator = service(request).calibrator
         return {
-            "policy": policy.name,
+            "policy": service(request).policy.name,
             "disaggregated": pool.disaggregated,
             "state_backend": config.state.backend,
             "instances": [
@@ -187,6 +193,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
                 for i in pool
             ],
         }
+
+    install_admin(app, require_admin)
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""``pd-router serve``: load the config, build the app, run it under uvicorn."""
+"""``pd-router serve``: load the config, build the app, run it under uvicorn.
+
+The router starts with no instance at all (discovery on, or nothing yet): ``/ready``
+answers 503 until one can take requests. SIGHUP reloads the config file instead of
+ending the process; with ``--workers N`` uvicorn's supervisor answers SIGHUP by replacing
+the workers one by one, each of which loads the file afresh."""
 
 from __future__ import annotations
 
@@ -22,15 +27,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=serve)
 
 
-# How ``serve --workers N`` tells its worker processes where the config is (not a config field).
+# How ``serve --workers N`` tells its worker processes where the config is and how many
+# they are (not config fields).
 _CONFIG_ENV = "PDR_SERVE_CONFIG"
+_WORKERS_ENV = "PDR_SERVE_WORKERS"
 
 
 def app_factory():  # type: ignore[no-untyped-def]
     """Builds the app in a worker process started by ``serve --workers N``."""
     from router.gateway.app import create_app
+    from router.gateway.live import LiveOptions
 
-    return create_app(load_config(os.environ.get(_CONFIG_ENV) or None))
+    path = os.environ.get(_CONFIG_ENV) or None
+    options = LiveOptions(config_path=path, workers=int(os.environ.get(_WORKERS_ENV, "1")), sighup=True)
+    return create_app(load_config(path), live=options)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -39,9 +49,6 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2
-    if not config.instances:
-        print("pd-router: invalid configuration:\n  instances: at least one instance is required", file=sys.stderr)
-        return 2
     if args.workers < 1 or (args.workers > 1 and config.state.backend != "redis"):
         print("pd-router: --workers N > 1 needs state.backend: redis: worker processes must share booked load "
               "and residency, or each would route blind to the others", file=sys.stderr)
@@ -49,6 +56,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from router.gateway.app import create_app
+    from router.gateway.live import LiveOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every upstream request at INFO; the router's own per-request line says more.
@@ -56,9 +64,15 @@ def serve(args: argparse.Namespace) -> int:
     if args.workers > 1:
         # Python serves one core per process: more workers, one shared Redis view.
         os.environ[_CONFIG_ENV] = os.path.abspath(args.config) if args.config else ""
+        os.environ[_WORKERS_ENV] = str(args.workers)
         target: object = "router.gateway.serve:app_factory"
     else:
-        target = create_app(config)
+        path = os.path.abspath(args.config) if args.config else None
+        target = create_app(config, live=LiveOptions(config_path=path, workers=1, sighup=True))
+    if not config.instances and not config.discovery.enabled:
+        logging.getLogger("router").warning(
+            "no instances configured and discovery is off: /ready answers 503 until one is added "
+            "(config file, SIGHUP or POST /admin/instances)")
     uvicorn.run(
         target,  # type: ignore[arg-type]
         factory=args.workers > 1,

@@ -117,6 +117,14 @@ class StateStore(abc.ABC):
     async def forget_instance(self, instance: str) -> None:
         """Drop an instance's residency (it restarted or left): its cache is gone."""
 
+    def set_capacity(self, instance: str, cap: int) -> None:
+        """Residency entries to keep for an instance that joined after start (discovery, admin)."""
+
+    async def drop_instance(self, instance: str) -> None:
+        """An instance left for good: drop its residency and its booked load (requests still
+        in flight to it release into nothing)."""
+        await self.forget_instance(instance)
+
     @property
     def round_trips(self) -> int:
         """Network round trips made so far (0 for in-process stores)."""

@@ -94,11 +94,23 @@ class MemoryStore(StateStore):
     async def forget_instance(self, instance: str) -> None:
         self._residency.forget(instance)
 
+    def set_capacity(self, instance: str, cap: int) -> None:
+        self._caps[instance] = cap
+
+    async def drop_instance(self, instance: str) -> None:
+        self._residency.forget(instance)
+        self._loads.pop(instance, None)
+        self._caps.pop(instance, None)
+
     def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
         old = self._loads.get(instance, _IDLE)
-        self._loads[instance] = Load(
+        new = Load(
             max(0, old.requests + sign * delta.requests),
             max(0, old.prefill_tokens + sign * delta.prefill_tokens),
             max(0, old.kv_tokens + sign * delta.kv_tokens),
             max(0, old.transfers + sign * delta.transfers),
         )
+        if new == _IDLE:  # absent means idle: instances that come and go leave nothing behind
+            self._loads.pop(instance, None)
+        else:
+            self._loads[instance] = new

@@ -212,6 +212,16 @@ class RedisStore(StateStore):
         await self._mirror.forget_instance(instance)
         await self._best_effort("forget", {"instance": instance})
 
+    def set_capacity(self, instance: str, cap: int) -> None:
+        self._caps[instance] = cap
+        self._mirror.set_capacity(instance, cap)
+
+    async def drop_instance(self, instance: str) -> None:
+        await self._mirror.drop_instance(instance)
+        self._remote.pop(instance, None)
+        self._caps.pop(instance, None)
+        await self._best_effort("forget", {"instance": instance, "drop_load": True})
+
     async def _best_effort(self, name: str, args: dict[str, Any]) -> None:
         # A failed release is not lost: the lease stops being refreshed and expires.
         try:

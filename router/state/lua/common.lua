@@ -23,7 +23,11 @@ local function add_load(inst, req, pf, kv, tx)
     r, p, v, t = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
   end
   r, p, v, t = math.max(0, r + req), math.max(0, p + pf), math.max(0, v + kv), math.max(0, t + tx)
-  redis.call('HSET', k, inst, string.format('%d:%d:%d:%d', r, p, v, t))
+  if r + p + v + t == 0 then
+    redis.call('HDEL', k, inst)  -- absent means idle: instances that come and go leave nothing behind
+  else
+    redis.call('HSET', k, inst, string.format('%d:%d:%d:%d', r, p, v, t))
+  end
 end
 
 local function drop_booking(id)
