@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from router.tools.emulator.faults import install_log_filter
-    from router.tools.emulator.launch import bind_socket, uvicorn_config
+    from router.tools.emulator.launch import uvicorn_config
+    from router.tools.process import bind_socket
     from router.tools.emulator.server import build_app
 
     try:
