@@ -27,6 +27,7 @@ import uvicorn
 
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.faults import install_log_filter
+from router.tools.emulator.flags import config_to_argv
 from router.tools.emulator.runtime import EmulatorRuntime
 from router.tools.emulator.server import build_app
 from router.tools.process import bind_socket, free_port, read_tail, stop_process, wait_ready
@@ -192,8 +193,6 @@ def spawn_emulator(config: EmulatorConfig, host: str | None = None,
                    port: int | None = None, ready_timeout: float = 30.0,
                    extra_args: list[str] | None = None) -> EmulatorProcess:
     """Start a subprocess and wait until its /health answers (any status)."""
-    from router.tools.emulator.cli import config_to_argv
-
     host = host or config.host
     port = port or free_port(host)
     bootstrap = config.bootstrap_port or free_port(host)
