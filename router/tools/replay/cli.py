@@ -19,7 +19,8 @@ from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
-from router.tools.replay.trace import TraceError, load_trace
+from router.tools.replay.source import load_trace
+from router.tools.replay.trace import TraceError
 
 
 class Progress:
