@@ -35,7 +35,7 @@ SCENARIOS: dict[str, list[EngineSpec]] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("demo", help="run emulated engines + the router and compare policies")
     p.add_argument("--requests", type=int, default=120, help="requests per run")
     p.add_argument("--concurrency", type=int, default=16)

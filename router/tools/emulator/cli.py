@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "emulate", help="run an emulated vLLM/SGLang engine (no GPU needed)",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)

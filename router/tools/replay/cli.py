@@ -64,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("replay", help="replay a trace offline against the router's policies",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
