@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from router.config.model import InstanceConfig, RouterConfig
+from router.config.model import Compat, InstanceConfig, RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ class Candidate:
     cache_tokens: int = 500_000
     prefill_tokens_per_s: float | None = None
     role: str = "mixed"
-    compat: tuple = ()
+    compat: Compat | tuple[()] = ()  # () = not stated: pairs only with other unstated ones
     node: str | None = None
     zone: str | None = None
     kv_bytes_per_token: int | None = None
@@ -93,7 +93,7 @@ class InstancePool:
                 )
         return problems
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Instance]:
         return iter(self._instances.values())
 
     def get(self, instance_id: str) -> Instance:
