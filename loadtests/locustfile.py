@@ -1,10 +1,12 @@
 """Locust load test for an OpenAI-compatible endpoint (pd-router or an engine directly).
 
-Workload: the "shared prefix" shape. GROUPS groups each own a long system prompt; each
-group has PROMPTS_PER_GROUP distinct questions. A request is one group's system prompt
-followed by one of its questions, so requests in a group share a long prefix that a
-cache-aware router can reuse. Text is seeded random words (about one token per word),
-so the same settings always produce the same prompts.
+Workload: the "shared prefix" shape, from ``router.tools.shared_prefix`` (the generator the
+demo and the replay use too). GROUPS groups each own a long system prompt; each group has
+PROMPTS_PER_GROUP distinct questions. A request is one group's system prompt followed by
+one of its questions, so requests in a group share a long prefix that a cache-aware router
+can reuse. Text is seeded random words (about one token per word), so the same settings
+always produce the same prompts; each user walks every (group, question) pair in an order
+of its own.
 
 Every request streams. Locust records, per request:
   * the request itself (POST /v1/completions or /v1/chat/completions), timed to the end
@@ -40,10 +42,16 @@ import json
 import logging
 import os
 import random
+import sys
 import threading
 import time
+from pathlib import Path
 
 from locust import HttpUser, constant, events, task
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, not only installed
+
+from router.tools.shared_prefix import SharedPrefix  # noqa: E402
 
 log = logging.getLogger("pd-router-loadtest")
 
@@ -71,33 +79,8 @@ THINK_S = _env("THINK_S", 0.0, float)
 TIMEOUT_S = _env("TIMEOUT_S", 300.0, float)
 API_KEY = _env("API_KEY", "")
 
-_WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at "
-    "which but have an they you were her she there been one all we their has would when "
-    "if so what up out no more time some can other into could then its only new two our "
-    "way these may like first any work now such long make well people see over just most "
-    "model cache token router prefill decode request server batch memory queue latency "
-    "river stone light garden window market paper music table forest engine number system "
-    "blue green quiet rapid simple early final local human green open clear small large"
-).split()
-
-
-def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(words))
-
-
-def build_workload(seed: int = SEED) -> list[tuple[str, list[str]]]:
-    """[(system_prompt, [question, ...]), ...] — one entry per group, fully seeded."""
-    rng = random.Random(seed)
-    groups = []
-    for g in range(GROUPS):
-        system = f"You are assistant {g}. " + _text(rng, SYSTEM_PROMPT_LEN)
-        questions = [f"Question {g}.{q}: " + _text(rng, QUESTION_LEN) for q in range(PROMPTS_PER_GROUP)]
-        groups.append((system, questions))
-    return groups
-
-
-WORKLOAD = build_workload()
+WORKLOAD = SharedPrefix(GROUPS, PROMPTS_PER_GROUP, SYSTEM_PROMPT_LEN, QUESTION_LEN, SEED)
+TEXTS = WORKLOAD.texts()
 _user_ids = itertools.count()
 _model_lock = threading.Lock()
 _model: str | None = MODEL or None
@@ -127,11 +110,8 @@ class SharedPrefixUser(HttpUser):
         runner = self.environment.runner
         worker = getattr(runner, "worker_index", 0) or 0
         uid = next(_user_ids) + 100_000 * worker
-        rng = random.Random(SEED * 1_000_003 + uid)
-        pairs = [(g, q) for g in range(GROUPS) for q in range(PROMPTS_PER_GROUP)]
-        rng.shuffle(pairs)
-        self._order = itertools.cycle(pairs)
-        self._rng = rng
+        self._order = WORKLOAD.rotation(uid)
+        self._rng = random.Random(SEED * 1_000_003 + uid)  # chat or completion, per request
         self._headers = {"Authorization": f"Bearer {API_KEY}"} if API_KEY else {}
         self._model = self._discover_model()
 
@@ -151,16 +131,15 @@ class SharedPrefixUser(HttpUser):
 
     @task
     def shared_prefix_request(self) -> None:
-        g, q = next(self._order)
-        system, questions = WORKLOAD[g]
+        pair = next(self._order)
         chat = self._rng.random() < CHAT_RATIO
         body: dict = {"model": self._model, "max_tokens": OUTPUT_LEN, "stream": True, "temperature": 0}
         if chat:
             path = "/v1/chat/completions"
-            body["messages"] = [{"role": "system", "content": system}, {"role": "user", "content": questions[q]}]
+            body["messages"] = TEXTS.messages(pair)
         else:
             path = "/v1/completions"
-            body["prompt"] = f"{system}\n\n{questions[q]}\nAnswer:"
+            body["prompt"] = TEXTS.prompt(pair)
         if IGNORE_EOS:
             body["ignore_eos"] = True
         if USAGE:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_
 from loadtests.profile_summary import summarise
 from loadtests.report import table, write_section
 from router.tools.localrun import RouterProcess, router_process
+from router.tools.shared_prefix import SharedPrefix
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = "Router overhead"
@@ -66,11 +66,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def request_bodies(seed: int = 0) -> list[dict[str, object]]:
     """64 non-streaming completions: 8 shared prefixes x 8 questions (what cache-aware routers see)."""
-    rng = random.Random(seed)
-    words = ["cache", "token", "router", "prefill", "decode", "request", "latency", "queue", "engine", "batch", "memory", "policy"]
-    systems = [f"Tenant {g}. " + " ".join(rng.choice(words) for _ in range(200)) for g in range(8)]
-    return [{"model": "zero-model", "prompt": f"{s}\nQ{q}: " + " ".join(rng.choice(words) for _ in range(30)),
-             "max_tokens": 16, "stream": False} for s in systems for q in range(8)]
+    workload = SharedPrefix(groups=8, users=8, system_tokens=200, question_tokens=30, seed=seed)
+    texts = workload.texts()
+    return [{"model": "zero-model", "prompt": texts.prompt(pair), "max_tokens": 16, "stream": False}
+            for pair in workload.pairs()]
 
 
 @contextlib.contextmanager

@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if args.write:
         note = (f"Emulated 2 prefill + 2 decode {args.flavor} engines (llama3-8b-h100 profile, real time: time scale "
                 f"{args.time_scale}, {args.cache_tokens} KV tokens each), {args.requests} streaming chat requests, "
-                f"{args.groups} tenants × 4 users with ~1.5K-token system prompts, {args.concurrency} concurrent clients. "
+                f"{args.groups} tenants × {workload.users} users with ~{workload.system_tokens}-token system prompts, "
+                f"{args.concurrency} concurrent clients. "
                 "`ttft` = joint pair scoring; `cache_aware` = P by cache affinity, D by load, chosen independently; "
                 "estimate error = measured / estimated TTFT (1.0 is perfect).")
         write_section(f"PD pair scoring vs independent choice ({args.flavor})",

@@ -19,15 +19,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import httpx
 
-from router.tools.emulator.launch import read_tail, stop_process
-
-from router.tools.emulator.launch import free_port
+from router.tools.process import free_port, read_tail, stop_process, wait_ready
 
 PEERS = ("sglang-router", "vllm-router")
 
@@ -129,14 +126,9 @@ def peer_router(peer: str, workers: Workers, policy: str = "cache_aware", ready_
             raise PeerUnavailable(f"{peer}: cannot start {argv[0]}: {exc}") from None
     handle = PeerProcess(peer, argv, f"http://127.0.0.1:{port}", proc, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout
         with httpx.Client(timeout=1.0, trust_env=False) as client:
-            while not _ready(client, handle.url, workers.count):
-                if proc.poll() is not None:
-                    raise PeerUnavailable(f"{peer} exited with {proc.returncode}: {handle.log_tail()}")
-                if time.monotonic() > deadline:
-                    raise PeerUnavailable(f"{peer} not ready after {ready_timeout:.0f}s: {handle.log_tail()}")
-                time.sleep(0.2)
+            wait_ready(lambda: _ready(client, handle.url, workers.count), proc, ready_timeout,
+                       lambda why: PeerUnavailable(f"{peer} {why}: {handle.log_tail()}"), interval=0.2)
         yield handle
     finally:
         handle.stop()

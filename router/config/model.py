@@ -25,6 +25,10 @@ PolicyName = Literal[
 ]
 
 
+# (model, kv_dtype, block_size, flavor): what a prefill and a decode instance must share.
+Compat = tuple[str | None, str, int, str]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -69,7 +73,7 @@ class InstanceConfig(_Strict):
         return self
 
     @property
-    def compat(self) -> tuple[str | None, str, int, str]:
+    def compat(self) -> Compat:
         """P and D are paired only when these agree: same model, KV layout and protocol."""
         return (self.model, self.kv_dtype, self.block_size, self.flavor)
 

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from router.config.model import HealthConfig, InstanceConfig, RouterConfig
+from router.config.model import Compat, HealthConfig, InstanceConfig, RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Candidate:
     cache_tokens: int = 500_000
     prefill_tokens_per_s: float | None = None
     role: str = "mixed"
-    compat: tuple = ()
+    compat: Compat | tuple[()] = ()  # () = not stated: pairs only with other unstated ones
     node: str | None = None
     zone: str | None = None
     kv_bytes_per_token: int | None = None

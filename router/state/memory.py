@@ -33,18 +33,20 @@ class MemoryStore(StateStore):
         self._prefilled: set[str] = set()
 
     # -- reads ---------------------------------------------------------------------------
-    def _snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
+    def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
+        """``snapshot`` without awaiting, for callers that read and act in one step with no
+        await in between (a decision here, the Redis store's decisions on its local mirror)."""
         matched = self._residency.matched(keys, instances, self._clock())
         loads = self._loads
         loads = {i: loads.get(i, _IDLE) for i in instances}
         return Snapshot(matched, loads)
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
-        return self._snapshot(keys, instances)
+        return self.snapshot_now(keys, instances)
 
     # -- writes --------------------------------------------------------------------------
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
-        snap = self._snapshot(keys, instances)
+        snap = self.snapshot_now(keys, instances)
         booking = choose(snap)
         self.book(booking)
         return snap, booking

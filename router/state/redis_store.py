@@ -150,7 +150,7 @@ class RedisStore(StateStore):
         return Snapshot(snap.matched, loads)
 
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
-        local = self._merged(self._mirror._snapshot(keys, instances), self._remote)
+        local = self._merged(self._mirror.snapshot_now(keys, instances), self._remote)
         booking = choose(local)
         self._mirror.book(booking)  # concurrent decisions in this replica see it at once
         same = tuple(booking.keys) == tuple(keys)
@@ -166,7 +166,7 @@ class RedisStore(StateStore):
         for inst, depth in shared.matched.items():
             if depth:
                 self._mirror.record_residency(inst, keys[:depth])
-        own = self._mirror._snapshot((), instances)
+        own = self._mirror.snapshot_now((), instances)
         fresh = self._merged(Snapshot(shared.matched, own.loads), shared.loads, minus=booking)
         revised = choose.revise(fresh, booking)
         if revised is not None:

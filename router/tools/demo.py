@@ -35,7 +35,7 @@ SCENARIOS: dict[str, list[EngineSpec]] = {
 }
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("demo", help="run emulated engines + the router and compare policies")
     p.add_argument("--requests", type=int, default=120, help="requests per run")
     p.add_argument("--concurrency", type=int, default=16)
@@ -89,7 +89,7 @@ def _delta(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) 
     return (cached / (cached + computed) if cached + computed else 0.0), load
 
 
-def run_scenario(name: str, engines: Sequence[Engine], args: argparse.Namespace, bodies: list[dict]) -> list[Row]:
+def run_scenario(name: str, engines: Sequence[Engine], args: argparse.Namespace, bodies: list[dict[str, Any]]) -> list[Row]:
     rows = []
     for policy in args.policies:
         reset_engines(engines)
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     workload = SharedPrefixWorkload(requests=args.requests, groups=args.groups, seed=args.seed)
     bodies = workload.bodies()
     print(f"pd-router demo: {args.requests} streaming chat requests, {workload.groups} tenants x {workload.users} users, "
-          f"~{workload.system_chars // 4} shared tokens each; engines: {args.profile} at time scale {args.time_scale}")
+          f"~{workload.system_tokens} shared tokens each; engines: {args.profile} at time scale {args.time_scale}")
     rows: list[Row] = []
     started = time.perf_counter()
     for name in args.scenarios:

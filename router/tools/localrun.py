@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ import httpx
 import yaml
 
 from router.tools.emulator.config import EmulatorConfig
-from router.tools.emulator.launch import EmulatorProcess, free_port, read_tail, spawn_emulator, stop_process
+from router.tools.emulator.launch import EmulatorProcess, spawn_emulator
 from router.tools.emulator.perf import PerfProfile, decode_step_time, get_profile, prefill_time
+from router.tools.process import free_port, read_tail, stop_process, wait_ready
 
 
 @dataclass(frozen=True)
@@ -182,19 +182,16 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Se
                                 env=env, cwd=source)
     handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
     try:
-        deadline = time.monotonic() + ready_timeout
         with httpx.Client(timeout=1.0, trust_env=False) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"router exited with {proc.returncode}: {read_tail(log_path, 2000)}")
+
+            def ready() -> bool:
                 try:
-                    if client.get(handle.url + "/ready").status_code == 200:
-                        break
+                    return client.get(handle.url + "/ready").status_code == 200
                 except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"router not ready after {ready_timeout}s: {read_tail(log_path, 2000)}")
-                time.sleep(0.1)
+                    return False
+
+            wait_ready(ready, proc, ready_timeout,
+                       lambda why: RuntimeError(f"router {why}: {read_tail(log_path, 2000)}"), interval=0.1)
         yield handle
     finally:
         handle.stop()

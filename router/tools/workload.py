@@ -1,66 +1,49 @@
-"""A seeded shared-prefix workload and a closed-loop HTTP driver that measures TTFT.
-
-The shape follows llm-d's "shared prefix" benchmark: G groups (tenants) each with a long
-system prompt, U users per group asking their own questions. It is the workload where a
-cache-blind router recomputes every group's prefix on every instance, and a cache-greedy
-one herds each group onto one instance.
-"""
+"""Shared-prefix chat requests (``router.tools.shared_prefix``) and a closed-loop HTTP
+driver that measures TTFT, for the demo and the PD benchmark."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-_WORDS = (
-    "account", "billing", "cluster", "deploy", "engine", "failover", "gateway", "latency", "memory", "network",
-    "operator", "policy", "quota", "replica", "schedule", "storage", "throughput", "upgrade", "volume", "window",
-)
+from router.tools.shared_prefix import SharedPrefix
 
 
 @dataclass(frozen=True)
 class SharedPrefixWorkload:
+    """``requests`` streaming chat requests over a seeded shared-prefix mix, drawn at random.
+
+    Each user message starts with the request's index, so only the tenant's system prompt is
+    shared between requests, never a whole prompt.
+    """
+
     groups: int = 6
     users: int = 4
-    system_chars: int = 6000
-    question_chars: int = 400
+    system_tokens: int = 1250
+    question_tokens: int = 90
     max_tokens: int = 24
     requests: int = 120
     seed: int = 0
+    model: str = "demo-model"
 
-    def _text(self, rng: random.Random, chars: int) -> str:
-        words: list[str] = []
-        size = 0
-        while size < chars:
-            word = rng.choice(_WORDS)
-            words.append(word)
-            size += len(word) + 1
-        return " ".join(words)[:chars]
+    @property
+    def prompts(self) -> SharedPrefix:
+        return SharedPrefix(self.groups, self.users, self.system_tokens, self.question_tokens, self.seed)
 
-    def bodies(self) -> list[dict]:
+    def bodies(self) -> list[dict[str, Any]]:
         """The request bodies, in arrival order (deterministic for a seed)."""
-        rng = random.Random(self.seed)
-        systems = [f"Tenant {g} policy handbook. " + self._text(rng, self.system_chars) for g in range(self.groups)]
-        questions = {(g, u): self._text(rng, self.question_chars) for g in range(self.groups) for u in range(self.users)}
-        out = []
-        for i in range(self.requests):
-            g, u = rng.randrange(self.groups), rng.randrange(self.users)
-            out.append({
-                "model": "demo-model",
-                "messages": [
-                    {"role": "system", "content": systems[g]},
-                    {"role": "user", "content": f"[{i}] {questions[(g, u)]}"},
-                ],
-                "max_tokens": self.max_tokens,
-                "stream": True,
-            })
-        return out
+        texts = self.prompts.texts()
+        picks = self.prompts.picks()
+        return [{"model": self.model, "messages": texts.messages(next(picks), note=f"[{i}] "),
+                 "max_tokens": self.max_tokens, "stream": True}
+                for i in range(self.requests)]
 
 
 @dataclass
@@ -86,7 +69,7 @@ class RunResult:
         return self.percentile(self.ttft_s, 0.9)
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, result: RunResult) -> None:
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], result: RunResult) -> None:
     started = time.perf_counter()
     first = None
     try:
@@ -117,11 +100,11 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, result: RunResul
     result.latency_s.append(time.perf_counter() - started)
 
 
-async def drive(router_url: str, bodies: list[dict], concurrency: int,
+async def drive(router_url: str, bodies: list[dict[str, Any]], concurrency: int,
                 progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Send ``bodies`` through ``router_url`` with ``concurrency`` closed-loop clients."""
     result = RunResult()
-    queue: asyncio.Queue[dict] = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     for body in bodies:
         queue.put_nowait(body)
     done = 0

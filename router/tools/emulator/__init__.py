@@ -24,7 +24,7 @@ _LAZY = {
     "start_in_thread": "router.tools.emulator.launch",
     "serve_emulator": "router.tools.emulator.launch",
     "spawn_emulator": "router.tools.emulator.launch",
-    "free_port": "router.tools.emulator.launch",
+    "free_port": "router.tools.process",
     "build_engine": "router.tools.emulator.build",
     "Engine": "router.tools.emulator.engine",
     "EngineConfig": "router.tools.emulator.engine",

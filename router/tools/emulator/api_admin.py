@@ -9,7 +9,6 @@ aliases match the real engines' admin routes.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -17,13 +16,12 @@ from starlette.routing import Route
 
 from router.tools.emulator.openai_schema import ApiError, bad_request
 from router.tools.emulator.pd_vllm import PULL_PATH, pull_response
-
-if TYPE_CHECKING:
-    from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.runtime import EmulatorRuntime
 
 
 def _runtime(request: Request) -> EmulatorRuntime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    runtime: EmulatorRuntime = request.app.state.runtime
+    return runtime
 
 
 async def _json_object(request: Request) -> dict[str, object]:

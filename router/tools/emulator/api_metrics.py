@@ -8,21 +8,18 @@ metrics plus the JSON ``/server_info``, ``/model_info`` and ``/get_load``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from router import __version__
 from router.tools.emulator.metrics import CONTENT_TYPE
-
-if TYPE_CHECKING:
-    from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.runtime import EmulatorRuntime
 
 
 def _runtime(request: Request) -> EmulatorRuntime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    runtime: EmulatorRuntime = request.app.state.runtime
+    return runtime
 
 
 async def metrics(request: Request) -> Response:

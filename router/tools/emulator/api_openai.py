@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -28,15 +28,14 @@ from router.tools.emulator.openai_schema import ApiError, bad_request, parse_gen
 from router.tools.emulator.pd import plan_leg
 from router.tools.emulator.pd_common import Leg
 from router.tools.emulator.request import EngineRequest
-
-if TYPE_CHECKING:
-    from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.runtime import EmulatorRuntime
 
 Kind = Literal["completion", "chat"]
 
 
 def _runtime(request: Request) -> EmulatorRuntime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    runtime: EmulatorRuntime = request.app.state.runtime
+    return runtime
 
 
 def _parse_json(raw: bytes) -> object:

@@ -23,8 +23,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import httpx
+
 from router.tools.emulator.build import build_engine
 from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.launch import spawn_emulator
 from router.tools.emulator.perf import PROFILES
 from router.tools.emulator.request import EngineRequest
 from router.tools.emulator.vclock import run_virtual
@@ -140,10 +143,6 @@ async def _run_streams(host: str, port: int, streams: int, max_tokens: int,
 def bench_streams(streams: int, max_tokens: int, time_scale: float, prompt_words: int,
                   profile: str) -> dict[str, float]:
     """Run one load; returns the figures printed by ``main``."""
-    import httpx
-
-    from router.tools.emulator.launch import spawn_emulator
-
     config = EmulatorConfig(time_scale=time_scale, profile=profile, max_num_seqs=1024)
     with spawn_emulator(config) as proc, httpx.Client(trust_env=False) as client:
         asyncio.run(_run_streams(proc.host, proc.port, 4, 4, prompt_words))  # warm up

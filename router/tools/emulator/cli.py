@@ -1,8 +1,6 @@
 """``pd-router emulate`` / ``python -m router.tools.emulator``: serve one engine.
 
-The flag set maps one-to-one onto EmulatorConfig; ``config_to_argv`` is the
-inverse of ``config_from_args`` so the subprocess launcher can start an
-engine from a config value without a second source of truth.
+Every flag sets one field of the engine's EmulatorConfig.
 """
 
 from __future__ import annotations
@@ -12,131 +10,17 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from router.tools.emulator.config import (
-    FLAVORS,
-    PD_FALLBACKS,
-    ROLES,
-    EmulatorConfig,
-    FaultConfig,
-)
-from router.tools.emulator.perf import PROFILES
+import uvicorn
 
-_FAULT_FLAGS: tuple[tuple[str, str, type, str], ...] = (
-    ("error_rate", "--fault-error-rate", float, "fraction of requests answered 503"),
-    ("stall_rate", "--fault-stall-rate", float,
-     "fraction of requests that stall (default 1 if --fault-stall-seconds is given)"),
-    ("stall_seconds", "--fault-stall-seconds", float,
-     "stall length in seconds (<= 0: forever)"),
-    ("die_after_tokens", "--fault-die-after-tokens", int,
-     "drop the connection after N tokens (-1: never)"),
-    ("slowdown", "--fault-slowdown", float, "multiply step durations"),
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = EmulatorConfig()
-    a = parser.add_argument
-    a("--host", default=d.host, help="bind address (default %(default)s)")
-    a("--port", type=int, default=d.port, help="HTTP port; 0 picks a free one")
-    a("--role", choices=ROLES, default=d.role)
-    a("--flavor", choices=FLAVORS, default=d.flavor, help="which engine's API to mimic")
-    a("--profile", choices=sorted(PROFILES), default=d.profile, help="performance model")
-    a("--model", default=None, help="served model name (default emulated-<profile>)")
-    a("--seed", type=int, default=d.seed)
-    a("--time-scale", type=float, default=d.time_scale,
-      help="wall seconds per model second (0.01 = 100x faster than real)")
-    a("--cache-tokens", type=int, default=None, help="KV capacity in tokens")
-    a("--block-size", type=int, default=d.block_size)
-    a("--max-batched-tokens", type=int, default=None, help="per-step token budget")
-    a("--max-num-seqs", type=int, default=d.max_num_seqs)
-    a("--max-model-len", type=int, default=None)
-    a("--default-max-tokens", type=int, default=d.default_max_tokens)
-    a("--engine-id", default=None)
-    a("--advertise-host", default=None, help="host PD peers should connect to")
-    a("--bootstrap-port", type=int, default=d.bootstrap_port,
-      help="SGLang prefill bootstrap port (0 picks a free one)")
-    a("--bootstrap-timeout", type=float, default=d.bootstrap_timeout_s,
-      help="seconds to wait for the PD partner")
-    a("--kv-bandwidth-gbps", type=float, default=None, help="PD link Gbit/s")
-    a("--kv-transfer-latency", type=float, default=d.kv_transfer_latency_s,
-      help="fixed model seconds per KV transfer")
-    a("--kv-hold-timeout", type=float, default=d.kv_hold_timeout_s,
-      help="wall seconds a prefill keeps KV for its decode")
-    a("--pd-fallback", choices=PD_FALLBACKS, default=d.pd_fallback,
-      help="when remote KV is unavailable: fail (error) or prefill locally")
-    a("--stats-history", type=int, default=d.stats_history)
-    for _field, flag, kind, text in _FAULT_FLAGS:
-        a(flag, type=kind, default=None, help=text)
-    a("--fault-crash-on-request", action="store_true", help="exit on the next request")
-    a("--fault-unhealthy", action="store_true", help="answer /health with 503")
-    a("--log-level", default="warning")
-
-
-def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
-    faults = FaultConfig(crash_on_request=args.fault_crash_on_request,
-                         unhealthy=args.fault_unhealthy)
-    for field, _flag, _kind, _text in _FAULT_FLAGS:
-        value = getattr(args, "fault_" + field)
-        if value is not None:
-            setattr(faults, field, value)
-    if args.fault_stall_seconds is not None and args.fault_stall_rate is None:
-        faults.stall_rate = 1.0  # --fault-stall-seconds alone stalls every request
-    return EmulatorConfig(
-        flavor=args.flavor, role=args.role, profile=args.profile, model=args.model,
-        host=args.host, port=args.port, advertise_host=args.advertise_host,
-        engine_id=args.engine_id, seed=args.seed, time_scale=args.time_scale,
-        cache_tokens=args.cache_tokens, block_size=args.block_size,
-        max_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, default_max_tokens=args.default_max_tokens,
-        kv_bandwidth_gbps=args.kv_bandwidth_gbps,
-        kv_transfer_latency_s=args.kv_transfer_latency,
-        kv_hold_timeout_s=args.kv_hold_timeout, pd_fallback=args.pd_fallback,
-        bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
-        stats_history=args.stats_history, faults=faults,
-    )
-
-
-def config_to_argv(config: EmulatorConfig) -> list[str]:
-    """Command-line flags that rebuild ``config`` (inverse of config_from_args)."""
-    c = config
-    argv = ["--host", c.host, "--port", str(c.port), "--role", c.role,
-            "--flavor", c.flavor, "--profile", c.profile, "--seed", str(c.seed),
-            "--time-scale", repr(c.time_scale), "--block-size", str(c.block_size),
-            "--max-num-seqs", str(c.max_num_seqs),
-            "--default-max-tokens", str(c.default_max_tokens),
-            "--bootstrap-port", str(c.bootstrap_port),
-            "--bootstrap-timeout", repr(c.bootstrap_timeout_s),
-            "--kv-transfer-latency", repr(c.kv_transfer_latency_s),
-            "--kv-hold-timeout", repr(c.kv_hold_timeout_s),
-            "--pd-fallback", c.pd_fallback, "--stats-history", str(c.stats_history)]
-    optional = (("--model", c.model), ("--engine-id", c.engine_id),
-                ("--advertise-host", c.advertise_host), ("--cache-tokens", c.cache_tokens),
-                ("--max-batched-tokens", c.max_batched_tokens),
-                ("--max-model-len", c.max_model_len),
-                ("--kv-bandwidth-gbps", c.kv_bandwidth_gbps))
-    for flag, value in optional:
-        if value is not None:
-            argv += [flag, repr(value) if isinstance(value, float) else str(value)]
-    f = c.faults
-    for field, flag, _kind, _text in _FAULT_FLAGS:
-        if getattr(f, field) != getattr(FaultConfig(), field) or (
-                field == "stall_rate" and f.stall_seconds != 0):
-            argv += [flag, repr(getattr(f, field))]
-    if f.crash_on_request:
-        argv.append("--fault-crash-on-request")
-    if f.unhealthy:
-        argv.append("--fault-unhealthy")
-    return argv
+from router.tools.emulator.faults import install_log_filter
+from router.tools.emulator.flags import add_arguments, config_from_args
+from router.tools.emulator.launch import uvicorn_config
+from router.tools.emulator.server import build_app
+from router.tools.process import bind_socket
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted; returns the process exit code."""
-    import uvicorn
-
-    from router.tools.emulator.faults import install_log_filter
-    from router.tools.emulator.launch import bind_socket, uvicorn_config
-    from router.tools.emulator.server import build_app
-
     try:
         config = config_from_args(args)
         config.validate()
@@ -161,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "emulate", help="run an emulated vLLM/SGLang engine (no GPU needed)",
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)

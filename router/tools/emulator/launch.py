@@ -27,8 +27,10 @@ import uvicorn
 
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.faults import install_log_filter
+from router.tools.emulator.flags import config_to_argv
 from router.tools.emulator.runtime import EmulatorRuntime
 from router.tools.emulator.server import build_app
+from router.tools.process import bind_socket, free_port, read_tail, stop_process, wait_ready
 
 
 @dataclass
@@ -51,26 +53,6 @@ class EmulatorHandle:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket (port 0 = any free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (for processes that bind it themselves)."""
-    with bind_socket(host, 0) as sock:
-        return int(sock.getsockname()[1])
 
 
 def uvicorn_config(app: Any, log_level: str = "warning", event_loop: bool = False
@@ -172,27 +154,6 @@ async def serve_emulator(config: EmulatorConfig, host: str | None = None,
         sock.close()
 
 
-def read_tail(path: str, limit: int = 4000) -> str:
-    """The end of a process's log file, for error messages ("" if unreadable)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()[-limit:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 10.0) -> int:
-    """Terminate, give it ``timeout`` seconds to finish cleanly, then kill; the exit code."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
-    return int(process.returncode)
-
-
 @dataclass
 class EmulatorProcess:
     """An emulator running as ``python -m router.tools.emulator``."""
@@ -232,8 +193,6 @@ def spawn_emulator(config: EmulatorConfig, host: str | None = None,
                    port: int | None = None, ready_timeout: float = 30.0,
                    extra_args: list[str] | None = None) -> EmulatorProcess:
     """Start a subprocess and wait until its /health answers (any status)."""
-    from router.tools.emulator.cli import config_to_argv
-
     host = host or config.host
     port = port or free_port(host)
     bootstrap = config.bootstrap_port or free_port(host)
@@ -247,20 +206,19 @@ def spawn_emulator(config: EmulatorConfig, host: str | None = None,
     handle = EmulatorProcess(process=process, url=f"http://{config.public_host}:{port}",
                              host=host, port=port, bootstrap_port=bootstrap,
                              log_path=log_path)
-    deadline = time.monotonic() + ready_timeout
     with httpx.Client(trust_env=False, timeout=1.0) as client:
-        while True:
-            if not handle.alive():
-                tail = handle.log_tail()
-                handle.stop()
-                raise RuntimeError(f"emulator exited with {process.returncode}:\n{tail}")
+
+        def answers() -> bool:  # any status: a 503 from an unhealthy-by-fault engine is up
             try:
                 client.get(handle.url + "/health")
-                return handle
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                tail = handle.log_tail()
-                handle.stop()
-                raise RuntimeError(f"emulator not healthy after {ready_timeout}s:\n{tail}")
-            time.sleep(0.05)
+                return False
+            return True
+
+        try:
+            wait_ready(answers, process, ready_timeout,
+                       lambda why: RuntimeError(f"emulator {why}:\n{handle.log_tail()}"))
+        except RuntimeError:
+            handle.stop()
+            raise
+    return handle

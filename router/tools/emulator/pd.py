@@ -8,18 +8,19 @@ real SGLang PD engine cannot serve a request without its partner.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from router.tools.emulator.openai_schema import GenerationRequest, bad_request
 from router.tools.emulator.pd_common import Leg
-from router.tools.emulator.pd_sglang import SglangDecodeLeg, SglangPrefillLeg
-from router.tools.emulator.pd_vllm import VllmDecodeLeg, VllmPrefillLeg
-
-if TYPE_CHECKING:
-    from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.pd_sglang import SglangDecodeLeg, SglangHost, SglangPrefillLeg
+from router.tools.emulator.pd_vllm import VllmDecodeLeg, VllmHost, VllmPrefillLeg
 
 
-def plan_leg(runtime: EmulatorRuntime, request: GenerationRequest) -> Leg:
+class LegHost(SglangHost, VllmHost, Protocol):
+    """An engine that can play any leg (the emulator's runtime)."""
+
+
+def plan_leg(runtime: LegHost, request: GenerationRequest) -> Leg:
     config = runtime.config
     if config.flavor == "vllm":
         params = request.kv_transfer_params or {}

@@ -14,16 +14,16 @@ import asyncio
 import logging
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import xxhash
 
+from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.engine import Engine
 from router.tools.emulator.openai_schema import ApiError
-from router.tools.emulator.perf import kv_transfer_time
+from router.tools.emulator.perf import PerfProfile, kv_transfer_time
 from router.tools.emulator.request import EngineRequest
-
-if TYPE_CHECKING:
-    from router.tools.emulator.runtime import EmulatorRuntime
+from router.tools.emulator.stats import StatsRecorder
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,38 @@ def prompt_digest(prompt: Sequence[int]) -> str:
     return xxhash.xxh3_64_hexdigest(array("q", prompt).tobytes())
 
 
+class PdHost(Protocol):
+    """What every leg needs of the engine it runs on; the emulator's runtime provides it.
+
+    A protocol rather than the runtime class because the runtime owns the protocols'
+    listeners (bootstrap server, KV holds), which live in the leg modules: the legs must
+    not import it back. Each protocol module extends this with what only it needs.
+    """
+
+    @property
+    def config(self) -> EmulatorConfig: ...
+    @property
+    def profile(self) -> PerfProfile: ...
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def engine_id(self) -> str: ...
+    @property
+    def kv_bandwidth_gbps(self) -> float: ...
+    @property
+    def stats(self) -> StatsRecorder: ...
+
+    def sleep_scale(self) -> float:
+        """Wall seconds per model second (time scale x slowdown fault)."""
+        ...
+
+
 class Leg:
     """No PD: a plain request. Subclasses implement one protocol side."""
 
     name = "none"
 
-    def __init__(self, runtime: EmulatorRuntime) -> None:
+    def __init__(self, runtime: PdHost) -> None:
         self.rt = runtime
         self.headers: dict[str, str] = {}
 

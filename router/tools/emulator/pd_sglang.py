@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from router.tools.emulator.openai_schema import ApiError, BootstrapTarget
-from router.tools.emulator.pd_common import Leg, PdFailure, prompt_digest
+from router.tools.emulator.pd_common import Leg, PdFailure, PdHost, prompt_digest
 from router.tools.emulator.request import EngineRequest
 from router.tools.emulator.stats import PdCounters
 
@@ -115,12 +115,20 @@ class BootstrapServer:
         return peer
 
 
+class SglangHost(PdHost, Protocol):
+    """An engine that can play an SGLang leg: a prefill one also runs the bootstrap listener."""
+
+    @property
+    def bootstrap(self) -> BootstrapServer | None: ...
+
+
 class SglangPrefillLeg(Leg):
     """Pair with the decode, prefill (one token), then signal KV ready."""
 
     name = "sglang-prefill"
+    rt: SglangHost
 
-    def __init__(self, runtime: Any, targets: list[BootstrapTarget]) -> None:
+    def __init__(self, runtime: SglangHost, targets: list[BootstrapTarget]) -> None:
         super().__init__(runtime)
         self.targets = targets
         self.peers: list[DecodePeer] = []
@@ -160,8 +168,9 @@ class SglangDecodeLeg(Leg):
     """Connect to the prefill's bootstrap port, wait for KV, then decode."""
 
     name = "sglang-decode"
+    rt: SglangHost
 
-    def __init__(self, runtime: Any, targets: list[BootstrapTarget]) -> None:
+    def __init__(self, runtime: SglangHost, targets: list[BootstrapTarget]) -> None:
         super().__init__(runtime)
         self.targets = targets
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from router.tools.emulator.driver import EngineDriver
 from router.tools.emulator.openai_schema import bad_request
-from router.tools.emulator.pd_common import Leg, PdFailure, prompt_digest
+from router.tools.emulator.pd_common import Leg, PdFailure, PdHost, prompt_digest
 from router.tools.emulator.request import EngineRequest, RequestStatus
 from router.tools.emulator.stats import PdCounters
 
@@ -99,10 +99,23 @@ def pull_response(runtime_engine_id: str, request: EngineRequest) -> dict[str, o
     }
 
 
+class VllmHost(PdHost, Protocol):
+    """An engine that can play a vLLM leg: it pins KV for pulls and pulls from peers."""
+
+    @property
+    def kv_holds(self) -> KVHolds: ...
+    @property
+    def http(self) -> httpx.AsyncClient | None: ...
+
+
 class VllmPrefillLeg(Leg):
     """Prefill, keep the KV pinned, return where to fetch it."""
 
     name = "vllm-prefill"
+    rt: VllmHost
+
+    def __init__(self, runtime: VllmHost) -> None:
+        super().__init__(runtime)
 
     async def prepare(self, requests: list[EngineRequest]) -> None:
         if self.rt.config.role == "decode":
@@ -141,8 +154,9 @@ class VllmDecodeLeg(Leg):
     """Pull the prompt KV from the prefill engine named in the params."""
 
     name = "vllm-decode"
+    rt: VllmHost
 
-    def __init__(self, runtime: Any, params: Mapping[str, Any]) -> None:
+    def __init__(self, runtime: VllmHost, params: Mapping[str, Any]) -> None:
         super().__init__(runtime)
         self.params = params
 

@@ -19,7 +19,8 @@ from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
-from router.tools.replay.trace import TraceError, load_trace
+from router.tools.replay.source import load_trace
+from router.tools.replay.trace import TraceError
 
 
 class Progress:
@@ -63,7 +64,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("replay", help="replay a trace offline against the router's policies",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)

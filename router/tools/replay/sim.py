@@ -49,7 +49,8 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     try:
         coro.send(None)
     except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+        value: T = stop.value
+        return value
     coro.close()
     raise RuntimeError("the state store suspended; the replay needs one that never awaits (MemoryStore)")
 

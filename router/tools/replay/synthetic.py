@@ -4,7 +4,8 @@ Three workloads that pull routing in different directions:
 
 * ``shared_prefix`` — llm-d's precise-prefix benchmark shape (inference-perf
   ``shared_prefix``): ``groups`` customers each with a system prompt, ``users`` fixed
-  questions per customer, Poisson arrivals over a QPS ladder (``stages=RATExSECONDS+...``).
+  questions per customer (``router.tools.shared_prefix``, the generator the demo and the
+  benchmarks use too), Poisson arrivals over a QPS ladder (``stages=RATExSECONDS+...``).
   Cache affinity should win big.
 * ``multi_turn`` — chat sessions whose context grows: each turn's prompt is the previous
   prompt plus the previous answer plus a new user message, behind a system prompt shared
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from router.tools.replay.trace import Trace, TraceError, TraceRequest, finish
+from router.tools.shared_prefix import SharedPrefix
 
 BLOCK_TOKENS = 64
 
@@ -76,14 +78,12 @@ def _poisson(rng: random.Random, stages: list[tuple[float, float]]) -> Iterator[
 
 def shared_prefix(rng: random.Random, groups: int = 32, users: int = 5, system: int = 6000, question: int = 1200,
                   output: int = 256, stages: str = "2x60+4x60+8x60") -> list[TraceRequest]:
-    ids = _Ids()
-    systems = [ids.take(_blocks(system)) for _ in range(groups)]
-    questions = [[ids.take(_blocks(question)) for _ in range(users)] for _ in range(groups)]
+    workload = SharedPrefix(groups, users, system, question, seed=rng.getrandbits(64))
+    blocks = workload.blocks(BLOCK_TOKENS)
     out = []
-    for t in _poisson(rng, _parse_stages(stages)):
-        g, u = rng.randrange(groups), rng.randrange(users)
-        blocks = systems[g] + questions[g][u]
-        out.append(TraceRequest(t, len(blocks) * BLOCK_TOKENS, output, blocks))
+    for t, pair in zip(_poisson(rng, _parse_stages(stages)), workload.picks()):
+        prompt = blocks.prompt(pair)
+        out.append(TraceRequest(t, len(prompt) * BLOCK_TOKENS, output, prompt))
     return out
 
 

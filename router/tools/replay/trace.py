@@ -202,17 +202,3 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise TraceError(f"{path}:{lineno}: not UTF-8 text") from None
-
-
-def load_trace(spec: str, seed: int = 0) -> Trace:
-    """A trace file (``.jsonl`` Mooncake, ``.csv`` Azure) or ``synthetic:NAME[:k=v,...]``."""
-    if spec.startswith("synthetic:"):
-        from router.tools.replay.synthetic import generate
-
-        return generate(spec.removeprefix("synthetic:"), seed)
-    path = Path(spec)
-    if path.suffix == ".jsonl":
-        return read_mooncake(path)
-    if path.suffix == ".csv":
-        return read_azure(path)
-    raise TraceError(f"{spec}: unknown trace kind; use a .jsonl (Mooncake) or .csv (Azure) file, or synthetic:NAME")

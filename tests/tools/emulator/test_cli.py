@@ -9,8 +9,9 @@ import httpx
 
 from router.cli import build_parser
 from router.tools.emulator import EmulatorConfig, FaultConfig
-from router.tools.emulator.cli import config_from_args, config_to_argv
-from router.tools.emulator.launch import free_port, spawn_emulator
+from router.tools.emulator.flags import config_from_args, config_to_argv
+from router.tools.emulator.launch import spawn_emulator
+from router.tools.process import free_port
 
 
 def test_argv_round_trip() -> None:

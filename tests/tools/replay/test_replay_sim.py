@@ -51,7 +51,7 @@ def mixed_workload():
 
 def assert_store_drained(sim):
     for node in sim.nodes:
-        assert sim.store._snapshot([], [node.id]).loads[node.id] == Load(), node.id
+        assert sim.store.snapshot_now([], [node.id]).loads[node.id] == Load(), node.id
 
 
 @pytest.mark.parametrize("name", ["round_robin", "sglang_cache_aware", "ttft"])

@@ -9,7 +9,8 @@ from router.config.model import HashingConfig
 from router.request.hashing import root_seed, token_block_keys
 from router.tools.replay.prompts import PromptBuilder
 from router.tools.replay.synthetic import BLOCK_TOKENS, generate
-from router.tools.replay.trace import TraceError, TraceRequest, load_trace, read_azure, read_mooncake
+from router.tools.replay.source import load_trace
+from router.tools.replay.trace import TraceError, TraceRequest, read_azure, read_mooncake
 
 
 def mooncake(tmp_path, *records, raw=()):
