@@ -1,8 +1,9 @@
 """Prometheus metrics, on a registry owned by one app (no process-global state).
 
-Per-engine series carry the label ``endpoint`` (the instance id), not ``instance``: Prometheus
-sets ``instance`` on every scraped series to the scrape target, and would rename ours to
-``exported_instance``. Under ``serve --workers N`` the samples live in prometheus_client's
+Per-engine series carry the label ``engine`` (the instance id). Not ``instance``: Prometheus
+sets it on every scraped series to the scrape target and would rename ours to
+``exported_instance``; nor ``endpoint``, which a Prometheus Operator ServiceMonitor sets to the
+scraped port's name (also ``namespace``, ``service``, ``pod``, ``container``, ``job``). Under ``serve --workers N`` the samples live in prometheus_client's
 multiprocess files and ``registry`` serves their sum (see router/core/exposition.py).
 """
 
@@ -56,20 +57,20 @@ class Metrics:
         # registry reads those files (all workers) rather than this process's objects.
         r = CollectorRegistry() if self.multiprocess_path else self.registry
         self.requests = Counter(
-            "pd_router_requests", "Proxied requests by endpoint, served model and outcome",
-            ["endpoint", "model", "outcome"], registry=r,
+            "pd_router_requests", "Proxied requests by engine, served model and outcome",
+            ["engine", "model", "outcome"], registry=r,
         )
         self.latency = Histogram(
             "pd_router_request_duration_seconds",
             "Whole request latency seen by the router",
-            ["endpoint", "model", "outcome"],
+            ["engine", "model", "outcome"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.ttfb = Histogram(
             "pd_router_time_to_first_byte_seconds",
-            "Time from routing to the first response byte from the endpoint",
-            ["endpoint"],
+            "Time from routing to the first response byte from the engine",
+            ["engine"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -78,17 +79,18 @@ class Metrics:
         )
         self.cached_ratio = Histogram(
             "pd_router_estimated_cached_prefix_ratio",
-            "Estimated share of the prompt already cached on the chosen endpoint",
+            "Estimated share of the prompt already cached on the engine that prefills it",
+            ["engine"],
             buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=r,
         )
-        self.inflight = Gauge("pd_router_inflight_requests", "Requests in flight per endpoint", ["endpoint"],
+        self.inflight = Gauge("pd_router_inflight_requests", "Requests in flight per engine", ["engine"],
                               multiprocess_mode="livesum", registry=r)
         # Set by whichever worker answers a scrape, from its own health view: the latest wins.
-        self.healthy = Gauge("pd_router_instance_healthy", "1 if the endpoint is considered healthy", ["endpoint"],
+        self.healthy = Gauge("pd_router_instance_healthy", "1 if the engine is considered healthy", ["engine"],
                              multiprocess_mode="livemostrecent", registry=r)
         self.retries = Counter(
-            "pd_router_retries", "Attempts moved to another endpoint before the first byte", ["endpoint", "reason"], registry=r
+            "pd_router_retries", "Attempts moved to another engine before the first byte", ["engine", "reason"], registry=r
         )
         self.rejected = Counter("pd_router_rejected", "Requests refused by the router itself", ["status"], registry=r)
         self.store_latency = Histogram(
@@ -105,11 +107,11 @@ class Metrics:
             registry=r,
         )
         self.calibration = Gauge(
-            "pd_router_calibration_factor", "Measured slowdown applied to an endpoint's prefill rate", ["endpoint"],
+            "pd_router_calibration_factor", "Measured slowdown applied to an engine's prefill rate", ["engine"],
             multiprocess_mode="livemostrecent", registry=r,
         )
         self.pd_failures = Counter(
-            "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["endpoint", "action"], registry=r
+            "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["engine", "action"], registry=r
         )
         self._store_read = store_counters
         self._store_exported: dict[str, int] = {}

@@ -66,7 +66,7 @@ def test_two_workers_report_the_sum_of_their_counters(redis_url, key_prefix, tmp
     metrics_dir.mkdir()
     # A previous run's file: serve must empty the directory, or its 1000 requests would count.
     stale = MmapedDict(str(metrics_dir / "counter_999999.db"))
-    stale.write_value(mmap_key("pd_router_requests", "pd_router_requests_total", ["endpoint", "model", "outcome"],
+    stale.write_value(mmap_key("pd_router_requests", "pd_router_requests_total", ["engine", "model", "outcome"],
                                ["a", "m", "ok"], "stale"), 1000.0, 0.0)
     stale.close()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
