@@ -219,3 +219,6 @@ def test_config_checksum_rolls_pods_only_on_config_change(chart):
     assert config_checksum(chart, REDIS) != base  # backend flips to redis in config.yaml
     data = render(chart, {})["ConfigMap"][0]["data"]["config.yaml"]
     assert base == hashlib.sha256(data.rstrip("\n").encode()).hexdigest()
+    # With live reload the pods stay up and read the updated ConfigMap themselves.
+    live = render(chart, {"rollOnConfigChange": False})["Deployment"][0]["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" not in live and live["prometheus.io/scrape"] == "true"
