@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -128,6 +129,18 @@ class Metrics:
             ProcessCollector(registry=self.registry)
             if store_counters is not None:
                 self.registry.register(_StoreCounters(store_counters))
+
+    def forget_engine(self, engine: str) -> None:
+        """Drop the series of an engine that left the pool (discovery, admin API), so that its
+        last health and load values are not reported forever. In multiprocess mode the values
+        already written to the shared files stay until the workers restart."""
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "engine" in metric._labelnames:
+                position = metric._labelnames.index("engine")
+                with metric._lock:
+                    stale = [key for key in metric._metrics if key[position] == engine]
+                for key in stale:
+                    metric.remove(*key)
 
     def export_store_counters(self) -> None:
         """Multiprocess mode: add what the store counted since the last call to the shared files.

@@ -34,6 +34,22 @@ def test_no_metric_label_collides_with_a_target_label():
             "pd_router_estimated_cached_prefix_ratio"} <= engine_labelled
 
 
+def test_an_engine_that_left_has_no_series_any_more():
+    metrics = Metrics()
+    for engine in ("a", "b"):
+        metrics.requests.labels(engine, "m", "ok").inc()
+        metrics.healthy.labels(engine).set(1)
+        metrics.cached_ratio.labels(engine).observe(0.5)
+    metrics.decisions.labels("ttft", "a").inc()  # a label value that happens to equal the id: not an engine label
+    metrics.forget_engine("a")
+    r = metrics.registry
+    assert r.get_sample_value("pd_router_instance_healthy", {"engine": "a"}) is None
+    assert r.get_sample_value("pd_router_requests_total", {"engine": "a", "model": "m", "outcome": "ok"}) is None
+    assert r.get_sample_value("pd_router_estimated_cached_prefix_ratio_count", {"engine": "a"}) is None
+    assert r.get_sample_value("pd_router_instance_healthy", {"engine": "b"}) == 1
+    assert r.get_sample_value("pd_router_decisions_total", {"policy": "ttft", "reason": "a"}) == 1
+
+
 def test_a_chosen_multiprocess_dir_is_emptied_of_samples_only(tmp_path):
     (tmp_path / "counter_12.db").write_bytes(b"x")
     (tmp_path / "gauge_livesum_12.db").write_bytes(b"x")
@@ -86,13 +102,22 @@ def test_json_lines_carry_extras_and_exceptions_and_no_placeholder_id():
 
 
 def test_logging_config_is_valid_for_both_formats():
-    for fmt in ("text", "json"):
-        config = logging_config("info", fmt)
-        logging.config.dictConfig(config)
-        assert logging.getLogger("httpx").level == logging.WARNING
-    logging.config.dictConfig(logging_config("debug", "text"))
-    assert logging.getLogger("httpx").level == logging.WARNING  # never per-request noise
-    logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    root, names = logging.getLogger(), ("httpx", "httpcore", "uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = root.handlers[:], root.level, {n: (logging.getLogger(n).level, logging.getLogger(n).handlers[:]) for n in names}
+    try:
+        for fmt in ("text", "json"):
+            logging.config.dictConfig(logging_config("info", fmt))
+            assert logging.getLogger("httpx").level == logging.WARNING and root.level == logging.INFO
+        logging.config.dictConfig(logging_config("debug", "text"))
+        assert logging.getLogger("httpx").level == logging.WARNING  # never per-request noise
+        [handler] = root.handlers
+        assert any(isinstance(f, RequestIdFilter) for f in handler.filters)
+    finally:  # the process's logging is global: leave it as it was
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+        for name, (level, handlers) in saved[2].items():
+            logging.getLogger(name).setLevel(level)
+            logging.getLogger(name).handlers[:] = handlers
 
 
 async def _call(headers: list[tuple[bytes, bytes]]) -> tuple[list, str | None]:
