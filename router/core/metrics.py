@@ -1,52 +1,77 @@
-"""Prometheus metrics, on a registry owned by one app (no process-global state)."""
+"""Prometheus metrics, on a registry owned by one app (no process-global state).
+
+Per-engine series carry the label ``engine`` (the instance id). Not ``instance``: Prometheus
+sets it on every scraped series to the scrape target and would rename ours to
+``exported_instance``; nor ``endpoint``, which a Prometheus Operator ServiceMonitor sets to the
+scraped port's name (also ``namespace``, ``service``, ``pod``, ``container``, ``job``). Under ``serve --workers N`` the samples live in prometheus_client's
+multiprocess files and ``registry`` serves their sum (see router/core/exposition.py).
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from router.core.exposition import BuildInfo, WorkerProcesses, multiprocess_dir
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
+StoreCounters = Callable[[], dict[str, int]]
+_STORE_COUNTERS = (
+    ("round_trips", "Network round trips made by the state store"),
+    ("corrections", "Decisions moved after the shared view disagreed with the local one"),
+    ("errors", "State store calls that failed (decisions fell back to the local view)"),
+)
+
 
 class _StoreCounters:
-    """Exports counters the state store keeps as plain attributes."""
+    """Exports counters the state store keeps as plain attributes, read at scrape time."""
 
-    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, read: StoreCounters) -> None:
         self._read = read
 
     def collect(self) -> Iterator[Metric]:
         values = self._read()
-        for name, help_text in (
-            ("round_trips", "Network round trips made by the state store"),
-            ("corrections", "Decisions moved after the shared view disagreed with the local one"),
-            ("errors", "State store calls that failed (decisions fell back to the local view)"),
-        ):
+        for name, help_text in _STORE_COUNTERS:
             family = CounterMetricFamily(f"pd_router_state_{name}", help_text)
             family.add_metric([], values.get(name, 0))
             yield family
 
 
 class Metrics:
-    def __init__(self, store_counters: Callable[[], dict[str, int]] | None = None) -> None:
+    """Every metric the router records. ``registry`` is what /metrics serves.
+
+    ``multiprocess_path`` defaults to the directory prometheus_client writes to in this process
+    (None outside ``serve --workers N``)."""
+
+    def __init__(self, store_counters: StoreCounters | None = None, multiprocess_path: str | None = None) -> None:
+        self.multiprocess_path = multiprocess_path or multiprocess_dir()
         self.registry = CollectorRegistry()
-        r = self.registry
+        # In multiprocess mode the metric objects only feed the shared files; the served
+        # registry reads those files (all workers) rather than this process's objects.
+        r = CollectorRegistry() if self.multiprocess_path else self.registry
         self.requests = Counter(
-            "pd_router_requests", "Proxied requests by instance and outcome", ["instance", "outcome"], registry=r
+            "pd_router_requests", "Proxied requests by engine, served model and outcome",
+            ["engine", "model", "outcome"], registry=r,
         )
         self.latency = Histogram(
             "pd_router_request_duration_seconds",
             "Whole request latency seen by the router",
-            ["instance", "outcome"],
+            ["engine", "model", "outcome"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.ttfb = Histogram(
             "pd_router_time_to_first_byte_seconds",
-            "Time from routing to the first response byte from the instance",
-            ["instance"],
+            "Time from routing to the first response byte from the engine",
+            ["engine"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
@@ -55,14 +80,18 @@ class Metrics:
         )
         self.cached_ratio = Histogram(
             "pd_router_estimated_cached_prefix_ratio",
-            "Estimated share of the prompt already cached on the chosen instance",
+            "Estimated share of the prompt already cached on the engine that prefills it",
+            ["engine"],
             buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=r,
         )
-        self.inflight = Gauge("pd_router_inflight_requests", "Requests in flight per instance", ["instance"], registry=r)
-        self.healthy = Gauge("pd_router_instance_healthy", "1 if the instance is considered healthy", ["instance"], registry=r)
+        self.inflight = Gauge("pd_router_inflight_requests", "Requests in flight per engine", ["engine"],
+                              multiprocess_mode="livesum", registry=r)
+        # Set by whichever worker answers a scrape, from its own health view: the latest wins.
+        self.healthy = Gauge("pd_router_instance_healthy", "1 if the engine is considered healthy", ["engine"],
+                             multiprocess_mode="livemostrecent", registry=r)
         self.retries = Counter(
-            "pd_router_retries", "Attempts moved to another instance before the first byte", ["instance", "reason"], registry=r
+            "pd_router_retries", "Attempts moved to another engine before the first byte", ["engine", "reason"], registry=r
         )
         self.rejected = Counter("pd_router_rejected", "Requests refused by the router itself", ["status"], registry=r)
         self.store_latency = Histogram(
@@ -79,10 +108,61 @@ class Metrics:
             registry=r,
         )
         self.calibration = Gauge(
-            "pd_router_calibration_factor", "Measured slowdown applied to an instance's prefill rate", ["instance"], registry=r
+            "pd_router_calibration_factor", "Measured slowdown applied to an engine's prefill rate", ["engine"],
+            multiprocess_mode="livemostrecent", registry=r,
         )
         self.pd_failures = Counter(
-            "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["instance", "action"], registry=r
+            "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["engine", "action"], registry=r
         )
-        if store_counters is not None:
-            r.register(_StoreCounters(store_counters))
+        self._store_read = store_counters
+        self._store_exported: dict[str, int] = {}
+        self._store_counters: dict[str, Counter] = {}
+        self.registry.register(BuildInfo())
+        if self.multiprocess_path:
+            MultiProcessCollector(self.registry, path=self.multiprocess_path)
+            self.registry.register(WorkerProcesses(self.multiprocess_path))
+            if store_counters is not None:
+                self._store_counters = {
+                    name: Counter(f"pd_router_state_{name}", help_text, registry=r) for name, help_text in _STORE_COUNTERS
+                }
+        else:
+            ProcessCollector(registry=self.registry)
+            if store_counters is not None:
+                self.registry.register(_StoreCounters(store_counters))
+
+    def forget_engine(self, engine: str) -> None:
+        """Drop the series of an engine that left the pool (discovery, admin API), so that its
+        last health and load values are not reported forever. In multiprocess mode the values
+        already written to the shared files stay until the workers restart."""
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "engine" in metric._labelnames:
+                position = metric._labelnames.index("engine")
+                with metric._lock:
+                    stale = [key for key in metric._metrics if key[position] == engine]
+                for key in stale:
+                    metric.remove(*key)
+
+    def export_store_counters(self) -> None:
+        """Multiprocess mode: add what the store counted since the last call to the shared files.
+
+        The store keeps plain integers that only this process can read at scrape time, so each
+        worker copies its increments out (``export_forever``) for any worker's scrape to sum."""
+        if self._store_read is None or not self._store_counters:
+            return
+        current = self._store_read()
+        for name, counter in self._store_counters.items():
+            delta = current.get(name, 0) - self._store_exported.get(name, 0)
+            if delta > 0:
+                counter.inc(delta)
+                self._store_exported[name] = current.get(name, 0)
+
+    async def export_forever(self, interval_s: float = 1.0) -> None:
+        """Run ``export_store_counters`` every ``interval_s`` until cancelled (and once more then)."""
+        if not self._store_counters:
+            return
+        try:
+            while True:
+                self.export_store_counters()
+                await asyncio.sleep(interval_s)
+        finally:
+            self.export_store_counters()

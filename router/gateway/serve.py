@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import logging
+import logging.config
 import os
 import sys
 
 from router.config.model import ConfigError, load_config
+from router.core.exposition import prepare_multiprocess_dir
+from router.core.logs import LOG_FORMATS, logging_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="run the router")
     p.add_argument("--config", help="YAML config file (environment PD_ROUTER_* overrides it)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default=os.environ.get("PDR_HOST", "127.0.0.1"), help="default $PDR_HOST or 127.0.0.1")
+    p.add_argument("--port", type=int, default=os.environ.get("PDR_PORT", "8080"), help="default $PDR_PORT or 8080")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default=os.environ.get("PDR_LOG_FORMAT", "text"), choices=LOG_FORMATS,
+                   help="json: one object per line with the request id (default $PDR_LOG_FORMAT or text)")
+    p.add_argument("--shutdown-timeout", type=float, default=None,
+                   help="on SIGTERM, seconds in-flight requests get to finish before they are cut (default: no limit)")
     p.add_argument("--workers", type=int, default=1,
                    help="worker processes (> 1 needs state.backend: redis, so that they share one view)")
     p.set_defaults(func=serve)
@@ -37,10 +43,11 @@ def app_factory():  # type: ignore[no-untyped-def]
     """Builds the app in a worker process started by ``serve --workers N``."""
     from router.gateway.app import create_app
     from router.gateway.live import LiveOptions
+    from router.gateway.process import wrap
 
     path = os.environ.get(_CONFIG_ENV) or None
     options = LiveOptions(config_path=path, workers=int(os.environ.get(_WORKERS_ENV, "1")), sighup=True)
-    return create_app(load_config(path), live=options)
+    return wrap(create_app(load_config(path), live=options))
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -57,18 +64,20 @@ def serve(args: argparse.Namespace) -> int:
 
     from router.gateway.app import create_app
     from router.gateway.live import LiveOptions
+    from router.gateway.process import wrap
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every upstream request at INFO; the router's own per-request line says more.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    log_config = logging_config(args.log_level, args.log_format)
+    logging.config.dictConfig(log_config)
     if args.workers > 1:
-        # Python serves one core per process: more workers, one shared Redis view.
+        # Python serves one core per process: more workers, one shared Redis view, and one
+        # set of metric files that every worker writes and any worker's /metrics sums.
         os.environ[_CONFIG_ENV] = os.path.abspath(args.config) if args.config else ""
         os.environ[_WORKERS_ENV] = str(args.workers)
+        prepare_multiprocess_dir()
         target: object = "router.gateway.serve:app_factory"
     else:
         path = os.path.abspath(args.config) if args.config else None
-        target = create_app(config, live=LiveOptions(config_path=path, workers=1, sighup=True))
+        target = wrap(create_app(config, live=LiveOptions(config_path=path, workers=1, sighup=True)))
     if not config.instances and not config.discovery.enabled:
         logging.getLogger("router").warning(
             "no instances configured and discovery is off: /ready answers 503 until one is added "
@@ -80,8 +89,10 @@ def serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        log_config=log_config,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         http="httptools" if importlib.util.find_spec("httptools") else "h11",
         access_log=False,
+        timeout_graceful_shutdown=args.shutdown_timeout,
     )
     return 0

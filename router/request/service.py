@@ -248,8 +248,8 @@ class RouterService:
         if upstream.status_code >= 500:
             self.pool.record_failure(inst.id)
         outcome = f"http_{upstream.status_code}"
-        self.metrics.requests.labels(inst.id, outcome).inc()
-        self.metrics.latency.labels(inst.id, outcome).observe(time.perf_counter() - routed.started)
+        self.metrics.requests.labels(inst.id, inst.config.model or "", outcome).inc()
+        self.metrics.latency.labels(inst.id, inst.config.model or "", outcome).observe(time.perf_counter() - routed.started)
         media = upstream.headers.get("content-type", "application/json")
         return Response(body, status_code=upstream.status_code, media_type=media, headers={"x-request-id": request_id})
 
@@ -272,8 +272,8 @@ class RouterService:
 
         async def on_end(outcome: Outcome) -> None:
             inflight.dec()
-            self.metrics.requests.labels(inst.id, outcome).inc()
-            self.metrics.latency.labels(inst.id, outcome).observe(time.perf_counter() - routed.started)
+            self.metrics.requests.labels(inst.id, inst.config.model or "", outcome).inc()
+            self.metrics.latency.labels(inst.id, inst.config.model or "", outcome).observe(time.perf_counter() - routed.started)
             await self.store.release(routed.booking)
             log.info("request %s -> %s %s %.3fs", request_id, routed.decision.key, outcome, time.perf_counter() - routed.started)
 

@@ -96,5 +96,5 @@ async def decide(
         if req.prompt_tokens:
             prefilling = decision.prefill or decision.instance
             cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
-            metrics.cached_ratio.observe(cached / req.prompt_tokens)
+            metrics.cached_ratio.labels(prefilling).observe(cached / req.prompt_tokens)
     return Routed(booking, decision, snap, started)

@@ -1,6 +1,7 @@
 """The Helm chart in deploy/helm/pd-router: lint, render offline, validate every manifest
-against the Kubernetes 1.30 schemas, and check that the rendered config.yaml is one the
-router accepts. helm_python drives Helm's Go SDK in-process: no helm binary, no cluster.
+against the Kubernetes schemas, and check that the rendered config.yaml and container
+arguments are ones the router accepts. helm_python drives Helm's Go SDK in-process: no helm
+binary, no cluster. Values files and the values schema: test_helm_values.py.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from router.cli import build_parser
 from router.config.model import load_config
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "pd-router"
-KUBE_VERSION = "1.30"
+# The oldest release Chart.yaml's kubeVersion admits and the newest kubernetes_validate knows.
+KUBE_VERSIONS = ("1.25", "1.37")
+KUBE_VERSION = KUBE_VERSIONS[-1]
 REDIS = {"redis": {"url": "redis://redis.infra.svc:6379/0"}}
 INSTANCES = [
     {"name": "prefill-0", "url": "http://vllm-prefill-0.vllm:8000", "role": "prefill"},
@@ -37,6 +41,11 @@ SCENARIOS = {
         "config": {"instances": INSTANCES, "policy": {"name": "cache_aware"}},
         "existingSecret": "router-admin",
         "extraEnv": [{"name": "PD_ROUTER_HEALTH__INTERVAL_S", "value": "2.5"}],
+    },
+    "in-chart-redis-workers": {"redis": {"enabled": True}, "workers": 3, "replicaCount": 2, "logFormat": "text"},
+    "external-redis-password-secret": {
+        "redis": {"url": "rediss://redis.infra.svc:6380/2", "auth": {"existingSecret": "redis-auth", "username": "router"}},
+        "workers": 2,
     },
 }
 
@@ -63,6 +72,22 @@ def container(objs) -> dict:
     return objs["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
 
 
+def validate_all(objs: dict[str, list[dict]]) -> None:
+    for items in objs.values():
+        for obj in items:
+            if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+                continue  # a CRD: kubernetes_validate ships no schema for it
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+def serve_args(c: dict):
+    """The container's arguments as the router's own command line parses them."""
+    args = build_parser().parse_args(c["args"])
+    assert args.command == "serve"
+    return args
+
+
 def config_checksum(chart, values: dict) -> str:
     return render(chart, values)["Deployment"][0]["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
@@ -85,11 +110,7 @@ def test_render_validates_and_config_loads(chart, name, tmp_path, monkeypatch):
     values = SCENARIOS[name]
     objs = render(chart, values)
 
-    for kind, items in objs.items():
-        for obj in items:
-            if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-                continue  # a CRD: kubernetes_validate ships no schema for it
-            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    validate_all(objs)
 
     assert {"Deployment", "Service", "ConfigMap", "ServiceAccount"} <= objs.keys()
     assert ("Secret" in objs) == bool(values.get("adminToken"))
@@ -100,9 +121,17 @@ def test_render_validates_and_config_loads(chart, name, tmp_path, monkeypatch):
     deploy = objs["Deployment"][0]
     pod = deploy["spec"]["template"]
     c = container(objs)
-    assert c["args"] == ["serve", "--config", "/etc/pd-router/config.yaml", "--host", "0.0.0.0", "--port", "8080"]
-    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    args = serve_args(c)
+    assert (args.config, args.host, args.port) == ("/etc/pd-router/config.yaml", "0.0.0.0", 8080)
+    assert args.workers == values.get("workers", 1) and args.log_format == values.get("logFormat", "json")
+    # SIGTERM drain: the grace period, less the preStop sleep, less a margin before SIGKILL.
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert args.shutdown_timeout == 60 - 5 - 5 == pod["spec"]["terminationGracePeriodSeconds"] - 10
+    assert c["startupProbe"]["httpGet"]["path"] == c["livenessProbe"]["httpGet"]["path"] == "/health"
     assert c["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert pod["spec"]["automountServiceAccountToken"] is False  # no discovery: no API token
+    assert "Role" not in objs and "RoleBinding" not in objs
+    assert ("StatefulSet" in objs) == values.get("redis", {}).get("enabled", False)
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
@@ -121,6 +150,11 @@ def test_render_validates_and_config_loads(chart, name, tmp_path, monkeypatch):
         assert "PD_ROUTER_SERVER__ADMIN_TOKEN" not in env
     if "Secret" in objs:
         assert objs["Secret"][0]["data"]["admin-token"]  # base64 of the token
+    auth = values.get("redis", {}).get("auth", {})
+    if auth:  # the password comes from the Secret; the URL only names the variable
+        assert env["PDR_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": auth["existingSecret"], "key": "redis-password"}
+        assert list(env).index("PDR_REDIS_PASSWORD") < list(env).index("PD_ROUTER_STATE__REDIS_URL")
+        assert env["PD_ROUTER_STATE__REDIS_URL"]["value"] == "rediss://router:$(PDR_REDIS_PASSWORD)@redis.infra.svc:6380/2"
 
     # The router must accept the ConfigMap's config.yaml, with the pod's plain env applied.
     config_file = tmp_path / "config.yaml"
@@ -132,9 +166,12 @@ def test_render_validates_and_config_loads(chart, name, tmp_path, monkeypatch):
             monkeypatch.setenv(key, item["value"])
     cfg = load_config(config_file)
 
-    if "redis" in values:
+    if values.get("redis", {}).get("enabled"):
+        assert cfg.state.backend == "redis" and cfg.state.redis_url == "redis://rt-pd-router-redis:6379/0"
+    elif "redis" in values:
         assert cfg.state.backend == "redis"
-        assert cfg.state.redis_url == values["redis"]["url"]
+        assert cfg.state.redis_url == env["PD_ROUTER_STATE__REDIS_URL"]["value"]
+        assert "PDR_REDIS_PASSWORD" in cfg.state.redis_url or cfg.state.redis_url == values["redis"]["url"]
     else:
         assert cfg.state.backend == "memory"
     user_config = values.get("config", {})
@@ -182,3 +219,6 @@ def test_config_checksum_rolls_pods_only_on_config_change(chart):
     assert config_checksum(chart, REDIS) != base  # backend flips to redis in config.yaml
     data = render(chart, {})["ConfigMap"][0]["data"]["config.yaml"]
     assert base == hashlib.sha256(data.rstrip("\n").encode()).hexdigest()
+    # With live reload the pods stay up and read the updated ConfigMap themselves.
+    live = render(chart, {"rollOnConfigChange": False})["Deployment"][0]["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" not in live and live["prometheus.io/scrape"] == "true"

@@ -179,7 +179,7 @@ def test_metrics_and_admin_routes():
                      "pd_router_decisions_total", "pd_router_estimated_cached_prefix_ratio", "pd_router_inflight_requests",
                      "pd_router_state_store_seconds", "pd_router_instance_healthy"):
             assert name in text, name
-        assert 'pd_router_requests_total{instance="a",outcome="ok"} 1.0' in text
+        assert 'pd_router_requests_total{engine="a",model="",outcome="ok"} 1.0' in text
         assert httpx.get(f"{url}/debug/instances").status_code == 401
         r = httpx.get(f"{url}/debug/instances", headers={"authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 200 and r.json()["instances"][0]["healthy"] is True

@@ -91,7 +91,7 @@ def test_failed_prefill_is_retried_on_another_then_falls_back_to_decode():
     assert len(good.received) == 4 and all(r["body"]["kv_transfer_params"] == KV for r in d.received)
     assert len(bad.received) <= 1  # marked down after its failure... or never picked
     if bad.received:
-        assert 'pd_router_pd_failures_total{action="retry_other_prefill",instance="p_bad"} 1.0' in metrics
+        assert 'pd_router_pd_failures_total{action="retry_other_prefill",engine="p_bad"} 1.0' in metrics
 
     b1, b2, d = FakeBackend("p1", status=503), FakeBackend("p2", status=500), FakeBackend("d")
     with pd_cluster([b1, b2], [d]) as (url, _):

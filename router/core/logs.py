@@ -1,0 +1,131 @@
+"""Log setup for ``pd-router serve``: text or one JSON object per line, with the request id.
+
+The request id is the one the router forwards to the engines (``x-request-id``): the client's
+when it sent a usable one, else a new one. ``RequestIdMiddleware`` settles it before the app
+sees the request and keeps it in a context variable, so every line logged while serving that
+request (the request line, retries, prefill failures, uvicorn's error report) carries it and
+can be joined with the engines' logs. Prompt text is never logged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
+
+# The ids the router accepts from a client; the request path applies the same rule.
+REQUEST_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("pd_router_request_id", default=None)
+
+_TEXT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+# LogRecord attributes that are not extra fields a caller passed.
+_RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "request_id", "color_message",  # uvicorn's coloured copy of the message
+}
+
+
+def current_request_id() -> str | None:
+    return _REQUEST_ID.get()
+
+
+class RequestIdFilter(logging.Filter):
+    """Puts the current request id (or ``-``) on every record as ``request_id``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = _REQUEST_ID.get() or "-"
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, request_id, extras, exc."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        request_id = getattr(record, "request_id", None) or _REQUEST_ID.get()
+        if request_id and request_id != "-":
+            out["request_id"] = request_id
+        for key, value in vars(record).items():
+            if key not in _RESERVED and not key.startswith("_"):
+                out[key] = value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            out["stack"] = record.stack_info
+        return json.dumps(out, ensure_ascii=False)
+
+
+def logging_config(level: str, fmt: LogFormat) -> dict[str, Any]:
+    """A ``logging.config.dictConfig`` dict for the router and uvicorn alike.
+
+    Handed to uvicorn as ``log_config``, which applies it in every worker process it starts
+    (spawned workers inherit no logging set up in the parent)."""
+    formatter: dict[str, Any] = {"()": f"{__name__}.JsonFormatter"} if fmt == "json" else {"format": _TEXT}
+    quiet = max(logging.WARNING, logging.getLevelName(level.upper()))
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": f"{__name__}.RequestIdFilter"}},
+        "formatters": {"default": formatter},
+        "handlers": {
+            "default": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr",
+                        "formatter": "default", "filters": ["request_id"]},
+        },
+        "root": {"handlers": ["default"], "level": level.upper()},
+        "loggers": {
+            # uvicorn's loggers propagate to the root handler instead of their own.
+            "uvicorn": {"handlers": [], "propagate": True},
+            "uvicorn.error": {"handlers": [], "propagate": True},
+            "uvicorn.access": {"handlers": [], "propagate": True},
+            # httpx logs every upstream request at INFO; the router's own request line says more.
+            "httpx": {"level": logging.getLevelName(quiet)},
+            "httpcore": {"level": logging.getLevelName(quiet)},
+        },
+    }
+
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class RequestIdMiddleware:
+    """Settles each HTTP request's id and keeps it in the logging context while it is served.
+
+    A usable client ``x-request-id`` is kept; otherwise a new one replaces it in the request
+    headers, so the request path (which forwards that header to the engines and returns it)
+    and the log lines agree on one id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+        given = [v for k, v in headers if k == b"x-request-id"]
+        request_id = given[0].decode("latin-1") if len(given) == 1 else ""
+        if not REQUEST_ID_PATTERN.match(request_id):
+            request_id = uuid.uuid4().hex
+            headers = [(k, v) for k, v in headers if k != b"x-request-id"]
+            headers.append((b"x-request-id", request_id.encode()))
+            scope = {**scope, "headers": headers}
+        token = _REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _REQUEST_ID.reset(token)
