@@ -9,6 +9,7 @@ import os
 import sys
 
 from router.config.model import ConfigError, load_config
+from router.scheduling import check_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,7 @@ def app_factory():  # type: ignore[no-untyped-def]
 def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        check_config(config)  # plugin names and parameters, against the registry
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2
