@@ -48,7 +48,10 @@ class Pipeline:
         # Found once here, not per decision: the first scorer that predicts TTFT gives the
         # decision its estimate and the prefill work to book; scorers that price routes
         # give /debug/route and calibration their cost terms.
-        self._estimator: Estimator | None = next((s for s, _ in self.scorers if callable(getattr(s, "estimate", None))), None)  # type: ignore[misc]
+        self._estimator: Estimator | None = next(
+            (s for s, _ in self.scorers if callable(getattr(s, "estimate", None)) and callable(getattr(s, "prefill_work", None))),
+            None,
+        )  # type: ignore[assignment]
         self._pricers = [s for s, _ in self.scorers if callable(getattr(s, "terms", None))]
 
     def describe(self) -> dict[str, Any]:

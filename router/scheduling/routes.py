@@ -89,16 +89,18 @@ class PairRoutes:
                         out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, p, route_cost(req, d, p, w, pd))))
         best = min(out, key=lambda r: r.cost.total_s, default=None)  # type: ignore[union-attr]
         threshold = pd.selective_threshold_tokens
-        for d in decodes:
+        best_queue = best.cost.queue_s if best is not None else 0.0  # type: ignore[union-attr]
+        # A local route costs at least its colocated estimate (admission and step only add),
+        # so that cheap estimate rules most decode instances out without pricing them.
+        floors = self._ttft.estimates(req, decodes) if best is not None else None
+        for i, d in enumerate(decodes):
             if not d.candidate.standalone:
                 continue
+            always = d.candidate.role == "mixed" or best is None or transfer_tokens(req, d) < threshold
+            if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
+                continue
             local = route_cost(req, d, None, w, pd)
-            if (
-                d.candidate.role == "mixed"
-                or best is None
-                or transfer_tokens(req, d) < threshold
-                or best.cost.queue_s > local.total_s  # type: ignore[union-attr]
-            ):
+            if always or best_queue > local.total_s:
                 out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local)))
         if not out:
             raise NoRoute("no compatible prefill instance for decode instances that cannot prefill alone")
