@@ -17,8 +17,9 @@ from typing import Any
 from router.config.model import PDConfig, TTFTWeights
 from router.core.instances import Candidate
 from router.scheduling.cost import prefill_work
-from router.scheduling.framework import Decision, NoRoute, Policy, RouteCost, RouteRequest, View, route_key
+from router.scheduling.framework import Decision, NoRoute, RouteCost, RouteRequest, View, route_key
 from router.scheduling.pd_cost import route_cost
+from router.scheduling.pipeline import Pipeline
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.state.base import Snapshot
 
@@ -66,14 +67,14 @@ class TwoProfilePolicy:
     none matches). Without a usable prefill instance, the decode profile alone chooses
     among the decode instances that can prefill for themselves."""
 
-    def __init__(self, name: str, prefill: Policy, decode: Policy) -> None:
+    def __init__(self, name: str, prefill: Pipeline, decode: Pipeline) -> None:
         self.name = name
         self.prefill = prefill
         self.decode = decode
         self.revisable = prefill.revisable or decode.revisable
 
     def describe(self) -> dict[str, Any]:
-        return {"profiles": {"prefill": self.prefill.describe(), "decode": self.decode.describe()}}  # type: ignore[attr-defined]
+        return {"profiles": {"prefill": self.prefill.describe(), "decode": self.decode.describe()}}
 
     def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision:
         prefills = [c for c in candidates if c.role == "prefill"]
