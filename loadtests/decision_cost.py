@@ -5,7 +5,10 @@ A decision = canonical prompt -> block keys (hash) + residency look-up + scoring
 instance holds prefixes and the request's own prefix sits on a few instances. Measured for
 the memory store and, with ``--redis URL``, the Redis store (round trips counted).
 
-    python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--write]
+    python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--pd] [--write]
+
+``--pd`` measures clusters of half prefill, half decode instances instead, where ``ttft``
+prices (P, D) routes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.report import table, write_section  # noqa: E402
-from router.config.model import HashingConfig, PolicyConfig  # noqa: E402
+from router.config.model import HashingConfig, PDConfig, PolicyConfig  # noqa: E402
 from router.request.hashing import root_seed, text_block_keys  # noqa: E402
 from router.scheduling import Candidate, RouteRequest, build_policy  # noqa: E402
 from router.scheduling.decide import decide  # noqa: E402
@@ -54,12 +57,14 @@ def make_text(tokens: int, rng: random.Random) -> str:
     return " ".join(out)
 
 
-async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterations: int) -> dict[str, float]:
+async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterations: int, pd: bool = False) -> dict[str, float]:
     rng = random.Random(n_instances * 7 + prompt_tokens)
-    cands = [Candidate(f"i{i}", cache_tokens=2_000_000, prefill_tokens_per_s=10_000) for i in range(n_instances)]
+    roles = ["prefill", "decode"] if pd else ["mixed"]
+    cands = [Candidate(f"i{i}", cache_tokens=2_000_000, prefill_tokens_per_s=10_000, role=roles[i % len(roles)])
+             for i in range(n_instances)]
     ids = [c.id for c in cands]
     store = await store_factory(ids)
-    policy = build_policy(PolicyConfig(seed=1))
+    policy = build_policy(PolicyConfig(seed=1), PDConfig() if pd else None)
     seed = root_seed("m")
     text = make_text(prompt_tokens, rng)
     keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
@@ -114,8 +119,8 @@ async def main(args: argparse.Namespace) -> int:
         for n in args.instances:
             for tokens in args.tokens:
                 iters = max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1))
-                r = await bench_case(factory, n, tokens, iters)
-                rows.append([name, n, tokens, r["blocks"], f"{r['hash_us']:.0f}", f"{r['decide_us']:.0f}",
+                r = await bench_case(factory, n, tokens, iters, args.pd)
+                rows.append([name + (" (PD)" if args.pd else ""), n, tokens, r["blocks"], f"{r['hash_us']:.0f}", f"{r['decide_us']:.0f}",
                              f"{r['total_us']:.0f}", f"{r['trips']:.0f}"])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
     out = table(["store", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
@@ -136,5 +141,6 @@ if __name__ == "__main__":
     p.add_argument("--instances", type=int, nargs="+", default=[8, 64, 256, 1024])
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     p.add_argument("--iterations", type=int, default=200)
+    p.add_argument("--pd", action="store_true", help="half prefill, half decode instances: (P, D) route pricing")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     raise SystemExit(asyncio.run(main(p.parse_args())))

@@ -19,10 +19,6 @@ from router.config.discovery import DiscoveryConfig, ReloadConfig
 
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
-PolicyName = Literal[
-    "ttft", "round_robin", "random", "least_loaded", "cache_aware",
-    "sglang_cache_aware", "llmd_weighted", "dynamo_cost",  # peers' policies, router/policy/baselines.py
-]
 
 
 # (model, kv_dtype, block_size, flavor): what a prefill and a decode instance must share.
@@ -133,12 +129,64 @@ class CacheAwareWeights(_Strict):
     balance_rel_threshold: float = Field(default=1.5, ge=1, description="... and max exceeds this multiple of min")
 
 
+class PluginRef(_Strict):
+    """One plugin of a pipeline: its registered name and its parameters."""
+
+    name: str = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict, description="checked by the plugin's own parameter model")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value  # `prefix` for `{name: prefix}`
+
+
+class ScorerRef(PluginRef):
+    weight: float = Field(default=1.0, ge=0, description="the pipeline total is the weighted sum of the scores")
+
+
+class PipelineConfig(_Strict):
+    """Routes -> filters -> weighted scorers -> picker. Plugin names and parameters are
+    checked against the plugin registry (router/scheduling/registry.py) when the policy
+    is built, before the router serves."""
+
+    routes: PluginRef | None = Field(default=None, description="route generator; default instances, or pd_pairs with a prefill pool")
+    filters: list[PluginRef] = Field(default_factory=list)
+    scorers: list[ScorerRef] = Field(default_factory=list)
+    picker: PluginRef = Field(default_factory=lambda: PluginRef(name="max_score"))
+
+
+class ProfilesConfig(_Strict):
+    """Independent P and D choice, as llm-d does PD: the prefill profile chooses among
+    prefill instances, then the decode profile among the decode instances compatible
+    with that choice (in a cluster without a prefill pool, the decode profile alone)."""
+
+    prefill: PipelineConfig
+    decode: PipelineConfig
+
+
 class PolicyConfig(_Strict):
-    name: PolicyName = Field(default="ttft", description="routing policy: ttft (this router's) or a baseline")
+    name: str = Field(default="ttft", pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="a preset; with pipeline or profiles, the name the policy is reported under")
+    pipeline: PipelineConfig | None = None
+    profiles: ProfilesConfig | None = None
     seed: int | None = Field(default=None, description="RNG seed for tie breaks (None = random)")
     default_max_tokens: int = Field(default=256, ge=1, description="output length assumed when a request sets none")
     ttft: TTFTWeights = Field(default_factory=TTFTWeights, description="weights of the ttft policy")
     cache_aware: CacheAwareWeights = Field(default_factory=CacheAwareWeights, description="thresholds of the cache_aware baseline")
+
+    @model_validator(mode="after")
+    def _one_declaration(self) -> "PolicyConfig":
+        if self.pipeline is not None and self.profiles is not None:
+            raise ValueError("set policy.pipeline or policy.profiles, not both")
+        if (self.pipeline is not None or self.profiles is not None) and "name" not in self.model_fields_set:
+            self.name = "custom"
+        return self
+
+    @property
+    def preset(self) -> str | None:
+        """The preset this config names, None when it declares its own pipeline(s)."""
+        return self.name if self.pipeline is None and self.profiles is None else None
 
 
 class LinkConfig(_Strict):

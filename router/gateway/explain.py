@@ -2,7 +2,10 @@
 
 It runs the very policy object the router uses on a read-only snapshot of the same state,
 so what it shows is what the router would do (up to the random choice among near-ties,
-which it lists as ``acceptable``).
+which it lists as ``acceptable``). Every policy is a pipeline of plugins, so every one is
+explained the same way: its plugins, then per route the score of each scorer, the cost
+terms of the scorers that price routes, the total the picker saw, or the filter that
+dropped the route; a two-profile policy shows the same for each profile.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from starlette.requests import Request
 
 from router.core.errors import RouterError, bad_request
-from router.scheduling.pd import NoRoute
+from router.scheduling.framework import Decision, NoRoute
 from router.request.prompt import parse_body
 from router.request.keys import route_request
 from router.request.service import RouterService, _Attempts, read_body
@@ -36,17 +39,34 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
         decision = svc.policy.choose(req, candidates, snap)
     except (NoRoute, ValueError) as exc:
         raise RouterError(503, f"no route: {exc}", type="service_unavailable", code="no_route") from None
+    describe = getattr(svc.policy, "describe", None)
     return {
         "policy": svc.policy.name,
+        "pipeline": describe() if describe is not None else None,
         "request": {"prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens, "blocks": len(req.keys),
                     "block_tokens": req.block_tokens, "endpoint": endpoint},
-        "chosen": {"route": decision.key, "instance": decision.instance, "prefill": decision.prefill,
-                   "mode": decision.mode, "reason": decision.reason, "estimate_s": decision.estimate_s},
-        "acceptable": sorted(decision.acceptable),
-        "routes": [{"route": key, "score": decision.scores.get(key), **terms} for key, terms in sorted(decision.terms.items())],
+        **explain_decision(decision),
         "candidates": [
             {"id": c.id, "role": c.role, "matched_blocks": snap.matched.get(c.id, 0),
              "prefill_tokens_per_s": c.prefill_tokens_per_s, "load": dataclasses.asdict(snap.loads[c.id])}
             for c in candidates
         ],
     }
+
+
+def explain_decision(decision: Decision) -> dict[str, Any]:
+    """Chosen route, near-ties and every route the policy considered; per profile too."""
+    keys = sorted(set(decision.scores) | set(decision.filtered))
+    out: dict[str, Any] = {
+        "chosen": {"route": decision.key, "instance": decision.instance, "prefill": decision.prefill,
+                   "mode": decision.mode, "reason": decision.reason, "estimate_s": decision.estimate_s},
+        "acceptable": sorted(decision.acceptable),
+        "routes": [
+            {"route": key, "total": decision.scores.get(key), "scores": dict(decision.plugin_scores.get(key, {})),
+             "terms": dict(decision.terms.get(key, {})), "filtered_by": decision.filtered.get(key)}
+            for key in keys
+        ],
+    }
+    if decision.profiles:
+        out["profiles"] = {name: explain_decision(d) for name, d in decision.profiles.items()}
+    return out

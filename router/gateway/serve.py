@@ -16,6 +16,7 @@ import sys
 from router.config.model import ConfigError, load_config
 from router.core.exposition import prepare_multiprocess_dir
 from router.core.logs import LOG_FORMATS, logging_config
+from router.scheduling import check_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,6 +54,7 @@ def app_factory():  # type: ignore[no-untyped-def]
 def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
+        check_config(config)  # plugin names and parameters, against the registry
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2

@@ -1,10 +1,19 @@
-"""Filters drop candidates before scoring; a filter that would drop all keeps all."""
+"""Filters drop routes before scoring; the pipeline keeps all when a filter would drop all.
+
+Each looks at a route's answering instance (the decode instance of a pair); the pd_pairs
+route generator applies the same filters to the decode pool before pairing.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pydantic import Field
+
+from router.config.model import PDConfig
 from router.scheduling.framework import RouteRequest, View
+from router.scheduling.pd_cost import decode_step_seconds, kv_fits
+from router.scheduling.registry import BuildContext, NoParams, Params, plugin
 
 
 class BoundedLoadFilter:
@@ -19,8 +28,55 @@ class BoundedLoadFilter:
         self._factor = factor
         self._slack = slack
 
-    def keep(self, req: RouteRequest, views: Sequence[View]) -> list[View]:
-        total = sum(v.load.requests for v in views) + 1  # count this request too
-        mean = total / len(views)
+    def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
+        total = sum(v.load.requests for v in routes) + 1  # count this request too
+        mean = total / len(routes)
         bound = max(self._factor * mean, mean + self._slack)
-        return [v for v in views if v.load.requests + 1 <= bound]
+        return [v for v in routes if v.load.requests + 1 <= bound], None
+
+
+class TBTFilter:
+    """Skip a decode instance whose step time with this request added would pass the
+    time-between-tokens target: PD exists to protect it."""
+
+    name = "tbt"
+
+    def __init__(self, pd: PDConfig) -> None:
+        self._pd = pd
+
+    def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
+        pd, target = self._pd, self._pd.tbt_target_s
+        return [v for v in routes if decode_step_seconds(v, pd, 1, req.prompt_tokens) <= target], None
+
+
+class KVRoomFilter:
+    """Skip an instance whose KV cache cannot hold this request's prompt and output next
+    to what it already holds (it would have to wait for room)."""
+
+    name = "kv_room"
+
+    def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
+        return [v for v in routes if kv_fits(req, v)], None
+
+
+class BoundedLoadParams(Params):
+    factor: float = Field(default=2.0, gt=1, description="bound as a multiple of the mean in-flight requests")
+    slack: int = Field(default=2, ge=0, description="requests always allowed above the mean")
+
+
+@plugin("filter", "bounded_load", BoundedLoadParams)
+def bounded_load(params: BoundedLoadParams, ctx: BuildContext) -> BoundedLoadFilter:
+    """Skip instances far above the mean in-flight load (factor x mean, and slack above it)."""
+    return BoundedLoadFilter(params.factor, params.slack)
+
+
+@plugin("filter", "tbt", NoParams)
+def tbt(params: NoParams, ctx: BuildContext) -> TBTFilter:
+    """Skip decode instances whose step time would pass pd.tbt_target_s (needs a prefill pool)."""
+    return TBTFilter(ctx.require_pd("the tbt filter"))
+
+
+@plugin("filter", "kv_room", NoParams)
+def kv_room(params: NoParams, ctx: BuildContext) -> KVRoomFilter:
+    """Skip instances whose KV cache cannot hold prompt + max_tokens now."""
+    return KVRoomFilter()

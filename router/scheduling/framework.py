@@ -1,19 +1,25 @@
-"""Routing as a pipeline of small plugins: filters, weighted scorers, a picker.
+"""The contracts of routing plugins and of the decision they produce.
 
-Each scorer is a pure function of (request, candidate views) -> one score per candidate,
-higher is better, in [0, 1]. A policy sums them with the weights from config and hands
-the totals to a picker. The live router, the emulator benchmarks and the offline replay
-all call the same ``Policy.choose``.
+A policy is a pipeline (pipeline.py): a route generator lists the routes a request may
+take, filters drop some, weighted scorers score the rest, a picker chooses. A route is a
+``View`` of the instance that answers the client (colocated, mixed or decode), carrying
+the view of its remote prefill instance when disaggregated; colocated routes are the
+instance views themselves, so a colocated decision allocates nothing per route.
+Plugins are registered by name (registry.py) and declared in config.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol
 
 from router.core.instances import Candidate
 from router.state.base import Load, Snapshot
+
+
+class NoRoute(Exception):
+    """No route can take the request (e.g. no decode-capable instance)."""
 
 
 @dataclass(frozen=True)
@@ -27,17 +33,59 @@ class RouteRequest:
     block_tokens: int
 
 
+@dataclass(frozen=True)
+class RouteCost:
+    """Every term of a priced route (pd_cost.route_cost), for scorers and /debug/route."""
+
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    admission_s: float
+    step_s: float
+    prefill_tokens: int
+    transfer_tokens: int
+
+    @property
+    def total_s(self) -> float:
+        return self.queue_s + self.prefill_s + self.transfer_s + self.admission_s + self.step_s
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "ttft_s": self.total_s,
+            "queue_s": self.queue_s,
+            "prefill_s": self.prefill_s,
+            "transfer_s": self.transfer_s,
+            "admission_s": self.admission_s,
+            "decode_step_s": self.step_s,
+            "prefill_tokens": float(self.prefill_tokens),
+            "transfer_tokens": float(self.transfer_tokens),
+        }
+
+
 class View(NamedTuple):
-    """A candidate as a policy sees it for one request (a tuple: built per candidate per
-    decision, so it must be cheap)."""
+    """An instance as a policy sees it for one request, and a route: the answering
+    instance plus, when disaggregated, its prefill instance. A tuple, built per candidate
+    per decision, so it must be cheap."""
 
     candidate: Candidate
     matched_blocks: int
     load: Load
+    prefill: View | None = None  # the remote prefill instance of a disaggregated route
+    cost: RouteCost | None = None  # the route's price, when its generator priced it (pd_pairs)
 
     @property
     def id(self) -> str:
         return self.candidate.id
+
+    @property
+    def key(self) -> str:
+        """The route key: the answering instance, ``D<-P`` when disaggregated."""
+        return self.candidate.id if self.prefill is None else f"{self.candidate.id}<-{self.prefill.candidate.id}"
+
+    @property
+    def prefilling(self) -> View:
+        """The instance that computes the prompt: the prefill instance, else this one."""
+        return self if self.prefill is None else self.prefill
 
     def cached_tokens(self, req: RouteRequest) -> int:
         return min(req.prompt_tokens, self.matched_blocks * req.block_tokens)
@@ -48,69 +96,29 @@ def route_key(instance: str, prefill: str | None = None) -> str:
     return instance if prefill is None else f"{instance}<-{prefill}"
 
 
-@dataclass(frozen=True)
-class Decision:
-    instance: str  # answers the client: the colocated or decode instance
-    acceptable: frozenset[str]  # route keys of the near-ties the picker chose among
-    reason: str  # which rule decided, for metrics and /debug/route
-    scores: Mapping[str, float] = field(default_factory=dict)  # per route key
-    terms: Mapping[str, dict[str, float]] = field(default_factory=dict)  # per route key: cost terms
-    prefill: str | None = None  # remote prefill instance, when disaggregated
-    mode: str = "colocated"  # colocated | disaggregated | decode_only
-    estimate_s: float | None = None  # predicted TTFT of the chosen route, when the policy has one
-    prefill_tokens: int | None = None  # uncached tokens the prefilling instance computes
-    prefill_work: int | None = None  # what to book as its queued prefill (tokens at its rate), if priced
-
-    @property
-    def key(self) -> str:
-        return route_key(self.instance, self.prefill)
-
-
-class Filter(Protocol):
-    name: str
-
-    def keep(self, req: RouteRequest, views: Sequence[View]) -> list[View]: ...
-
-
-class Scorer(Protocol):
-    name: str
-
-    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]: ...
-
-
-class Picker(Protocol):
-    def pick(self, views: Sequence[View], totals: Sequence[float]) -> tuple[str, frozenset[str]]: ...
-
-
-class Policy(Protocol):
-    name: str
-    revisable: bool
-
-    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision: ...
-
-
 _IDLE = Load()
+_new_view = tuple.__new__  # NamedTuple's own __new__ costs a Python call per candidate
 
 
 def build_views(candidates: Sequence[Candidate], snap: Snapshot) -> list[View]:
     matched, loads = snap.matched, snap.loads
-    return [View(c, matched.get(c.id, 0), loads.get(c.id, _IDLE)) for c in candidates]
+    return [_new_view(View, (c, matched.get(c.id, 0), loads.get(c.id, _IDLE), None, None)) for c in candidates]
 
 
-class LazyTerms(Mapping[str, dict[str, float]]):
-    """Per-route cost terms, built only when read (by /debug/route or calibration):
-    building hundreds of small dicts on every decision would dominate its cost."""
+class LazyMap(Mapping[str, Any]):
+    """A mapping built only when read (by /debug/route, calibration or tests): building
+    hundreds of small dicts on every decision would dominate its cost."""
 
-    def __init__(self, build: Callable[[], dict[str, dict[str, float]]]) -> None:
+    def __init__(self, build: Callable[[], dict]) -> None:
         self._build = build
-        self._data: dict[str, dict[str, float]] | None = None
+        self._data: dict | None = None
 
-    def _get(self) -> dict[str, dict[str, float]]:
+    def _get(self) -> dict:
         if self._data is None:
             self._data = self._build()
         return self._data
 
-    def __getitem__(self, key: str) -> dict[str, float]:
+    def __getitem__(self, key: str) -> Any:
         return self._get()[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -120,65 +128,76 @@ class LazyTerms(Mapping[str, dict[str, float]]):
         return len(self._get())
 
 
-class Pipeline:
-    """Filters, then the weighted sum of scorers, then the picker."""
+@dataclass(frozen=True)
+class Decision:
+    instance: str  # answers the client: the colocated or decode instance
+    acceptable: frozenset[str]  # route keys of the near-ties the picker chose among
+    reason: str  # which rule decided, for metrics and /debug/route
+    scores: Mapping[str, float] = field(default_factory=dict)  # route key -> total, for routes that were scored
+    terms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # route key -> cost terms
+    prefill: str | None = None  # remote prefill instance, when disaggregated
+    mode: str = "colocated"  # colocated | disaggregated | decode_only
+    estimate_s: float | None = None  # predicted TTFT of the chosen route, when the policy has one
+    prefill_work: int | None = None  # what to book as its queued prefill (tokens at its rate), if priced
+    plugin_scores: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # route key -> scorer -> score
+    filtered: Mapping[str, str] = field(default_factory=dict)  # route key -> the filter that dropped it
+    profiles: Mapping[str, Decision] = field(default_factory=dict)  # per profile, for multi-profile policies
 
-    def __init__(
-        self,
-        name: str,
-        scorers: Sequence[tuple[Scorer, float]],
-        picker: Picker,
-        filters: Sequence[Filter] = (),
-        *,
-        revisable: bool = True,
-    ) -> None:
-        self.name = name
-        # False for load-blind policies (round robin, random): re-running them on a fresher
-        # view would only advance their counters.
-        self.revisable = revisable
-        self._scorers = list(scorers)
-        self._picker = picker
-        self._filters = list(filters)
-
-    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision:
-        if not candidates:
-            raise ValueError("no candidates")
-        views = build_views(candidates, snap)
-        reason = "score"
-        for flt in self._filters:
-            kept = flt.keep(req, views)
-            if kept and len(kept) < len(views):
-                views, reason = kept, f"score after {flt.name}"
-        per_scorer: dict[str, list[float]] = {}
-        totals: list[float] = [0.0] * len(views)
-        for scorer, weight in self._scorers:
-            values = scorer.score(req, views)
-            per_scorer[scorer.name] = values
-            if len(self._scorers) == 1 and weight == 1.0:
-                totals = values
-            else:
-                totals = [t + weight * v for t, v in zip(totals, values)]
-        chosen, acceptable = self._picker.pick(views, totals)
-        ids = [v.id for v in views]
-
-        def terms() -> dict[str, dict[str, float]]:
-            return {i: {name: vals[k] for name, vals in per_scorer.items()} for k, i in enumerate(ids)}
-
-        estimate = work = None
-        chosen_view = views[ids.index(chosen)]
-        for scorer, _ in self._scorers:
-            if isinstance(scorer, Estimator):
-                estimate = scorer.estimate(req, chosen_view)
-                work = scorer.prefill_work(req, chosen_view)
-        return Decision(chosen, acceptable, reason, dict(zip(ids, totals)), LazyTerms(terms), estimate_s=estimate,
-                        prefill_work=work)
+    @property
+    def key(self) -> str:
+        return route_key(self.instance, self.prefill)
 
 
-@runtime_checkable
+class RouteGenerator(Protocol):
+    """Lists the routes of a request, and settles the picked one (e.g. selective
+    disaggregation: a pair whose decode instance lacks little runs there alone)."""
+
+    name: str
+    disaggregates: bool  # produces (P, D) routes: the generator for a cluster with a prefill pool
+
+    def routes(self, req: RouteRequest, views: list[View]) -> list[View]: ...
+
+    def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
+               ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:
+        """(index, acceptable indices, reason or None to keep the pipeline's, mode)."""
+        ...
+
+
+class Filter(Protocol):
+    name: str
+
+    def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
+        """The routes kept, in order, and the reason to report (None: "score after <name>"
+        when it dropped any)."""
+        ...
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]: ...
+
+
 class Estimator(Protocol):
-    """A scorer that also predicts the chosen instance's TTFT (seconds) and the prefill
-    work the request will queue there (tokens at the instance's rate)."""
+    """A scorer that also predicts the chosen route's TTFT (seconds) and the prefill work
+    the request will queue on its prefilling instance (tokens at that instance's rate)."""
 
-    def estimate(self, req: RouteRequest, view: View) -> float: ...
+    def estimate(self, req: RouteRequest, route: View) -> float: ...
 
-    def prefill_work(self, req: RouteRequest, view: View) -> int: ...
+    def prefill_work(self, req: RouteRequest, route: View) -> int: ...
+
+
+class Picker(Protocol):
+    name: str
+    revisable: bool  # False for load-blind pickers: re-picking on a fresher view only advances their state
+
+    def pick(self, routes: Sequence[View], totals: Sequence[float]) -> tuple[int, Sequence[int]]:
+        """The chosen index and the indices of the acceptable near-ties (chosen included)."""
+        ...
+
+
+class Policy(Protocol):
+    name: str
+    revisable: bool
+
+    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision: ...

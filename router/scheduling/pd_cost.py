@@ -10,10 +10,9 @@ on D, step(D) its decode step time, which must also stay under the TBT target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from router.config.model import LinkConfig, PDConfig
-from router.scheduling.framework import RouteRequest, View
+from router.config.model import LinkConfig, PDConfig, TTFTWeights
+from router.scheduling.cost import colocated_ttft
+from router.scheduling.framework import RouteCost, RouteRequest, View
 
 
 def link_gbps(p: View, d: View, links: LinkConfig) -> float:
@@ -62,30 +61,13 @@ def admission_seconds(req: RouteRequest, d: View, pd: PDConfig) -> float:
     return deficit / freed_per_s if freed_per_s > 0 else float("inf")
 
 
-@dataclass(frozen=True)
-class RouteCost:
-    """Every term of one candidate route, for the picker and for /debug/route."""
-
-    queue_s: float
-    prefill_s: float
-    transfer_s: float
-    admission_s: float
-    step_s: float
-    prefill_tokens: int
-    transfer_tokens: int
-
-    @property
-    def total_s(self) -> float:
-        return self.queue_s + self.prefill_s + self.transfer_s + self.admission_s + self.step_s
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "ttft_s": self.total_s,
-            "queue_s": self.queue_s,
-            "prefill_s": self.prefill_s,
-            "transfer_s": self.transfer_s,
-            "admission_s": self.admission_s,
-            "decode_step_s": self.step_s,
-            "prefill_tokens": float(self.prefill_tokens),
-            "transfer_tokens": float(self.transfer_tokens),
-        }
+def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights, pd: PDConfig) -> RouteCost:
+    """Price the route (P, D), or D alone when ``p`` is None: then D's own queue, prefill
+    and decode interference, and no transfer."""
+    step = decode_step_seconds(d, pd, 1, req.prompt_tokens)
+    if p is None:
+        t = colocated_ttft(req, d, weights)
+        return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
+    t = colocated_ttft(req, p, weights)
+    return RouteCost(t.queue_s, t.prefill_s, transfer_seconds(req, p, d, pd), admission_seconds(req, d, pd), step,
+                     t.uncached_tokens, transfer_tokens(req, d))

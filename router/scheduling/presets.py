@@ -1,86 +1,113 @@
-"""The named policies of ``policy.name`` and the factory that builds them from config."""
+"""The named policies of ``policy.name``: each a preset that returns its pipeline(s).
+
+A preset reads its weights from the existing config sections (``policy.ttft``,
+``policy.cache_aware``), so configs written before pipelines existed keep their meaning.
+In a cluster with a prefill pool ``ttft`` scores whole (P, D) routes; every other preset
+becomes two profiles, as the peers do PD: P by the named rule, D by load (round robin and
+random: the same rule, with its own state).
+"""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
+from typing import Any
 
-from router.config.model import CacheAwareWeights, PDConfig, PolicyConfig
-from router.core.instances import Candidate
-from router.scheduling.framework import Decision, Pipeline, Policy, RouteRequest, build_views
-from router.scheduling.baselines import BASELINE_NAMES, build_baseline
-from router.scheduling.filters import BoundedLoadFilter
-from router.scheduling.pd import IndependentPDPolicy, PairTTFTPolicy
-from router.scheduling.pickers import MaxScorePicker, RandomPicker, RoundRobinPicker
-from router.scheduling.scorers import LeastRequestsScorer, PrefixScorer, TTFTScorer
-from router.state.base import Snapshot
+from router.config.model import PipelineConfig, PluginRef, ProfilesConfig, ScorerRef
+from router.scheduling.registry import BuildContext, NoParams, marked, plugin
+
+PolicySpec = PipelineConfig | ProfilesConfig
 
 
-class CacheAwarePolicy:
-    """Baseline in the style of sglang-router's cache_aware: the instance with the longest
-    cached prefix when its match ratio exceeds ``cache_threshold``, least loaded otherwise,
-    and least loaded whenever loads are imbalanced (max - min > abs and max > rel * min).
-    Unlike the original, ties are broken at random rather than by list order."""
-
-    name = "cache_aware"
-    revisable = True
-
-    def __init__(self, weights: CacheAwareWeights, rng: random.Random) -> None:
-        self._w = weights
-        self._rng = rng
-        self._prefix = PrefixScorer()
-
-    def _least_loaded(self, ids_loads: list[tuple[str, int]], reason: str) -> Decision:
-        low = min(load for _, load in ids_loads)
-        ties = [i for i, load in ids_loads if load == low]
-        return Decision(self._rng.choice(ties), frozenset(ties), reason)
-
-    def choose(self, req: RouteRequest, candidates: Sequence[Candidate], snap: Snapshot) -> Decision:
-        views = build_views(candidates, snap)
-        loads = [(v.id, v.load.requests) for v in views]
-        lo, hi = min(x for _, x in loads), max(x for _, x in loads)
-        if hi - lo > self._w.balance_abs_threshold and hi > lo * self._w.balance_rel_threshold:
-            return self._least_loaded(loads, "load_imbalance")
-        rates = self._prefix.score(req, views)
-        best = max(rates)
-        if best > self._w.cache_threshold:
-            holders = [(v.id, v.load.requests) for v, r in zip(views, rates) if r == best]
-            return self._least_loaded(holders, "prefix_hit")
-        return self._least_loaded(loads, "prefix_miss")
+def _ref(name: str, **params: Any) -> PluginRef:
+    return PluginRef(name=name, params=params)
 
 
-def build_policy(config: PolicyConfig, pd: PDConfig | None = None, rng: random.Random | None = None) -> Policy:
-    """The policy named in ``config``; with ``pd`` (the cluster has a prefill pool) its
-    disaggregated form: pair scoring for ``ttft``, independent P and D choice otherwise."""
-    rng = rng or random.Random(config.seed)
-    if pd is not None:
-        if config.name == "ttft":
-            return PairTTFTPolicy(config.ttft, pd, rng)
-        # P by the named policy; D by load (round robin and random: the same rule, own state)
-        decode_name = config.name if config.name in ("round_robin", "random") else "least_loaded"
-        decode = _colocated(config.model_copy(update={"name": decode_name}), rng)
-        return IndependentPDPolicy(config.name, _colocated(config, rng), decode)
-    return _colocated(config, rng)
+def _scorer(name: str, weight: float = 1.0) -> ScorerRef:
+    return ScorerRef(name=name, weight=weight)
 
 
-def _colocated(config: PolicyConfig, rng: random.Random) -> Policy:
-    name = config.name
-    if name == "ttft":
-        w = config.ttft
-        return Pipeline(
-            "ttft",
-            [(TTFTScorer(w), 1.0)],
-            MaxScorePicker(rng, w.tie_tolerance),
-            [BoundedLoadFilter(w.bounded_load_factor, w.bounded_load_slack)],
-        )
-    if name == "round_robin":
-        return Pipeline("round_robin", [], RoundRobinPicker(), revisable=False)
-    if name == "random":
-        return Pipeline("random", [], RandomPicker(rng), revisable=False)
-    if name == "least_loaded":
-        return Pipeline("least_loaded", [(LeastRequestsScorer(), 1.0)], MaxScorePicker(rng))
-    if name == "cache_aware":
-        return CacheAwarePolicy(config.cache_aware, rng)
-    if name in BASELINE_NAMES:
-        return build_baseline(config, rng)
-    raise ValueError(f"unknown policy {name!r}")
+def _least_loaded() -> PipelineConfig:
+    return PipelineConfig(scorers=[_scorer("requests")], picker=_ref("max_score"))
+
+
+def _independent(ctx: BuildContext, prefill: PipelineConfig, decode: PipelineConfig | None = None) -> PolicySpec:
+    """``prefill`` alone in a colocated cluster; with a prefill pool, ``prefill`` for P and
+    ``decode`` (default: least loaded) for D."""
+    if ctx.pd is None:
+        return prefill
+    return ProfilesConfig(prefill=prefill, decode=decode or _least_loaded())
+
+
+@plugin("preset", "ttft")
+def ttft(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """Lowest estimated TTFT after a bounded-load filter; with a prefill pool, over (P, D) routes priced in full."""
+    w = ctx.policy.ttft
+    if ctx.pd is not None:
+        # For routes, tie_tolerance has always meant "cost within (1 + tol) of the best",
+        # i.e. a score (best / cost) of at least 1 / (1 + tol).
+        return PipelineConfig(routes=_ref("pd_pairs"), scorers=[_scorer("pd_ttft")],
+                              picker=_ref("max_score", tolerance=w.tie_tolerance / (1 + w.tie_tolerance)))
+    return PipelineConfig(
+        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack)],
+        scorers=[_scorer("ttft")],
+        picker=_ref("max_score", tolerance=w.tie_tolerance),
+    )
+
+
+@plugin("preset", "round_robin")
+def round_robin(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """Cycle through the healthy instances."""
+    rr = PipelineConfig(picker=_ref("round_robin"))
+    return _independent(ctx, rr, rr)
+
+
+@plugin("preset", "random")
+def random_(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """Uniform over the healthy instances."""
+    uniform = PipelineConfig(picker=_ref("random"))
+    return _independent(ctx, uniform, uniform)
+
+
+@plugin("preset", "least_loaded")
+def least_loaded(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """Fewest requests in flight, random among equals."""
+    return _independent(ctx, _least_loaded())
+
+
+@plugin("preset", "cache_aware")
+def cache_aware(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """sglang-router's rule (policy.cache_aware), with ties broken at random and least loaded among the deepest matches."""
+    return _independent(ctx, PipelineConfig(
+        filters=[PluginRef(name="cache_affinity", params=ctx.policy.cache_aware.model_dump())],
+        scorers=[_scorer("requests")],
+        picker=_ref("max_score"),
+    ))
+
+
+@plugin("preset", "sglang_cache_aware")
+def sglang_cache_aware(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """sglang-router 0.3.x cache_aware as documented: ties to the first instance in list order."""
+    return _independent(ctx, PipelineConfig(
+        filters=[PluginRef(name="cache_affinity", params=ctx.policy.cache_aware.model_dump())],
+        picker=_ref("first_max"),
+    ))
+
+
+@plugin("preset", "llmd_weighted")
+def llmd_weighted(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """llm-d's weighted profile: prefix x3 + queue x2 + kv x2, max score, random ties."""
+    return _independent(ctx, PipelineConfig(
+        scorers=[_scorer("prefix", 3.0), _scorer("queue", 2.0), _scorer("kv", 2.0)],
+        picker=_ref("max_score"),
+    ))
+
+
+@plugin("preset", "dynamo_cost")
+def dynamo_cost(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """Dynamo's KV router cost (overlap x prefill blocks + decode blocks), argmin, random ties."""
+    return _independent(ctx, PipelineConfig(scorers=[_scorer("dynamo_cost")], picker=_ref("max_score")))
+
+
+# The built-in presets, in the order above (installed plugins may add more: see registry.py).
+PRESET_NAMES: tuple[str, ...] = tuple(
+    info.name for info in map(marked, list(globals().values())) if info is not None and info.kind == "preset"
+)

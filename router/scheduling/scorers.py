@@ -1,8 +1,11 @@
-"""Scorers: pure functions of (request, views) -> one score per view in [0, 1], higher better.
+"""Scorers: pure functions of (request, routes) -> one score per route, higher better.
 
-Scores are absolute where a natural scale exists (prefix match ratio) and relative to the
-best candidate otherwise, never min-max normalised: min-max turns a 1-block difference
-on a cold cluster into a full 0..1 swing.
+Scores lie in [0, 1]. They are absolute where a natural scale exists (prefix match ratio)
+and relative to the best route otherwise; only ``queue`` (llm-d's) is min-max normalised,
+which turns a 1-block difference on a cold cluster into a full 0..1 swing.
+
+On a disaggregated route, cache and prefill scores look at the prefilling instance (P),
+load and KV scores at the answering one (D).
 """
 
 from __future__ import annotations
@@ -10,20 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.config.model import TTFTWeights
-from router.scheduling.framework import RouteRequest, View
 from router.scheduling.cost import colocated_ttft, prefill_work
+from router.scheduling.framework import RouteRequest, View
+from router.scheduling.registry import BuildContext, NoParams, plugin
 
 
 class PrefixScorer:
-    """Share of the prompt's blocks the instance already holds (matched / total)."""
+    """Share of the prompt's blocks the prefilling instance already holds (matched / total)."""
 
     name = "prefix"
 
-    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         total = len(req.keys)
         if total == 0:
-            return [0.0] * len(views)
-        return [v.matched_blocks / total for v in views]
+            return [0.0] * len(routes)
+        return [(v.prefill or v).matched_blocks / total for v in routes]
 
 
 class LeastRequestsScorer:
@@ -31,8 +35,8 @@ class LeastRequestsScorer:
 
     name = "requests"
 
-    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
-        return [1.0 / (1 + v.load.requests) for v in views]
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        return [1.0 / (1 + v.load.requests) for v in routes]
 
 
 class KVUtilisationScorer:
@@ -40,35 +44,60 @@ class KVUtilisationScorer:
 
     name = "kv"
 
-    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
-        return [max(0.0, 1.0 - v.load.kv_tokens / v.candidate.cache_tokens) for v in views]
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        return [max(0.0, 1.0 - v.load.kv_tokens / v.candidate.cache_tokens) for v in routes]
+
+
+class QueueScorer:
+    """llm-d ``queue-scorer``: (max q - q) / (max q - min q) over the routes, 1.0 for all
+    when equal. The queue signal is the booked prefill tokens (uncached prompt tokens of
+    requests that have not produced their first token): the router's closest analogue of
+    the waiting queue llm-d scrapes, and weighted by size rather than by request count."""
+
+    name = "queue"
+
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        queues = [(v.prefill or v).load.prefill_tokens for v in routes]
+        lo, hi = min(queues), max(queues)
+        if hi == lo:
+            return [1.0] * len(routes)
+        return [(hi - q) / (hi - lo) for q in queues]
 
 
 class TTFTScorer:
-    """best estimated TTFT / this instance's estimate: 1 for the fastest, in (0, 1].
+    """best estimated TTFT / this route's estimate: 1 for the fastest, in (0, 1]. The
+    estimate is the colocated one (cost.py) on the prefilling instance; pd_ttft prices
+    whole pairs.
 
-    The estimate is cost.colocated_ttft, inlined here because it runs for every
-    candidate of every decision."""
+    ``estimates`` inlines cost.colocated_ttft because it runs for every candidate of
+    every decision (tests/scheduling check that the two agree)."""
 
     name = "ttft"
 
     def __init__(self, weights: TTFTWeights) -> None:
         self._weights = weights
 
-    def estimate(self, req: RouteRequest, view: View) -> float:
-        return colocated_ttft(req, view, self._weights).total_s
+    def estimate(self, req: RouteRequest, route: View) -> float:
+        return colocated_ttft(req, route.prefilling, self._weights).total_s
 
-    def prefill_work(self, req: RouteRequest, view: View) -> int:
-        return prefill_work(req, view, self._weights)
+    def prefill_work(self, req: RouteRequest, route: View) -> int:
+        return prefill_work(req, route.prefilling, self._weights)
 
-    def estimates(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
+    def terms(self, req: RouteRequest, route: View) -> dict[str, float]:
+        t = colocated_ttft(req, route.prefilling, self._weights)
+        return {"ttft_s": t.total_s, "queue_s": t.queue_s, "prefill_s": t.prefill_s,
+                "interference_s": t.interference_s, "uncached_tokens": float(t.uncached_tokens)}
+
+    def estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         w = self._weights
         default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
         prompt, block = req.prompt_tokens, req.block_tokens
         full = attention * prompt * prompt / 2
         out = []
-        for cand, matched, load in views:
+        for cand, matched, load, prefill, _ in routes:
+            if prefill is not None:
+                cand, matched, load = prefill[0], prefill[1], prefill[2]
             rate = cand.prefill_tokens_per_s or default_rate
             cached = matched * block
             if cached > prompt:
@@ -81,7 +110,37 @@ class TTFTScorer:
             )
         return out
 
-    def score(self, req: RouteRequest, views: Sequence[View]) -> list[float]:
-        est = self.estimates(req, views)
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        est = self.estimates(req, routes)
         best = min(est)
         return [best / e if e > 0 else 1.0 for e in est]
+
+
+@plugin("scorer", "prefix")
+def prefix(params: NoParams, ctx: BuildContext) -> PrefixScorer:
+    """Share of the prompt's blocks cached on the prefilling instance."""
+    return PrefixScorer()
+
+
+@plugin("scorer", "requests")
+def requests(params: NoParams, ctx: BuildContext) -> LeastRequestsScorer:
+    """1 / (1 + requests in flight)."""
+    return LeastRequestsScorer()
+
+
+@plugin("scorer", "kv")
+def kv(params: NoParams, ctx: BuildContext) -> KVUtilisationScorer:
+    """Free share of the KV cache."""
+    return KVUtilisationScorer()
+
+
+@plugin("scorer", "queue")
+def queue(params: NoParams, ctx: BuildContext) -> QueueScorer:
+    """Booked prefill tokens, min-max normalised over the routes (llm-d's queue scorer)."""
+    return QueueScorer()
+
+
+@plugin("scorer", "ttft")
+def ttft(params: NoParams, ctx: BuildContext) -> TTFTScorer:
+    """best / estimated colocated TTFT, with the rates and costs of policy.ttft."""
+    return TTFTScorer(ctx.policy.ttft)

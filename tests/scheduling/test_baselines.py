@@ -8,8 +8,9 @@ import pytest
 from router.config.model import PDConfig, PolicyConfig
 from router.scheduling import Candidate, RouteRequest, build_policy
 from router.scheduling.framework import build_views
-from router.scheduling.baselines import DynamoCostPolicy, QueueScorer, SGLangCacheAwarePolicy
-from router.scheduling.pd import IndependentPDPolicy
+from router.scheduling.baselines import DynamoCostScorer
+from router.scheduling.pd import TwoProfilePolicy
+from router.scheduling.scorers import QueueScorer
 from router.state.base import Load, Snapshot
 
 CANDS = [Candidate("a", cache_tokens=100_000), Candidate("b", cache_tokens=100_000), Candidate("c", cache_tokens=100_000)]
@@ -24,8 +25,8 @@ def snap(matched=None, loads=None, cands=CANDS):
     return Snapshot({c.id: matched.get(c.id, 0) for c in cands}, {c.id: loads.get(c.id, Load()) for c in cands})
 
 
-def policy(name, pd=None, seed=7):
-    return build_policy(PolicyConfig(name=name), pd=pd, rng=random.Random(seed))
+def policy(name, pd=None, seed=7, **config):
+    return build_policy(PolicyConfig(name=name, **config), pd=pd, rng=random.Random(seed))
 
 
 # -- sglang_cache_aware ----------------------------------------------------------------------
@@ -68,7 +69,7 @@ def test_sglang_imbalance_needs_both_the_absolute_and_the_relative_gap():
 
 
 def test_sglang_empty_prompt_is_a_miss():
-    d = SGLangCacheAwarePolicy(PolicyConfig().cache_aware).choose(req(blocks=0, prompt=10), CANDS, snap())
+    d = policy("sglang_cache_aware").choose(req(blocks=0, prompt=10), CANDS, snap())
     assert d.reason == "prefix_miss" and d.instance == "a"
 
 
@@ -110,9 +111,10 @@ def test_dynamo_cost_matches_the_documented_formula():
 
 def test_dynamo_overlap_weight_scales_only_the_prefill_term():
     views = build_views(CANDS, snap({"a": 10}))
-    costs = DynamoCostPolicy(random.Random(1), overlap_weight=0.0).logits(req(), views)
+    costs = DynamoCostScorer(overlap_weight=0.0).logits(req(), views)
     assert [p for p, _ in costs] == [0.0, 10.0, 10.0]
-    d = DynamoCostPolicy(random.Random(1), overlap_weight=0.0).choose(req(), CANDS, snap({"a": 10}))
+    pipeline = {"scorers": [{"name": "dynamo_cost", "params": {"overlap_weight": 0.0}}]}
+    d = policy("dynamo", pipeline=pipeline).choose(req(), CANDS, snap({"a": 10}))
     assert d.acceptable == {"a", "b", "c"}  # weight 0: the cache no longer matters
 
 
@@ -128,7 +130,7 @@ def test_dynamo_ties_are_random():
 def test_baselines_are_built_by_name_colocated_and_pd(name):
     assert policy(name).name == name
     pd = policy(name, pd=PDConfig())
-    assert isinstance(pd, IndependentPDPolicy) and pd.name == name
+    assert isinstance(pd, TwoProfilePolicy) and pd.name == name
     cands = [Candidate("p1", role="prefill"), Candidate("p2", role="prefill"), Candidate("d1", role="decode")]
     d = pd.choose(req(), cands, snap({"p2": 10}, cands=cands))
     # P by the named policy (all three follow the fully cached prefix), D by load

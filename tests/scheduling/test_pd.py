@@ -2,11 +2,11 @@
 
 import random
 
-from router.config.model import PDConfig, PolicyConfig, TTFTWeights
+from router.config.model import PDConfig, PolicyConfig
 from router.scheduling import Candidate, RouteRequest, build_policy
 import pytest
 
-from router.scheduling.pd import NoRoute, PairTTFTPolicy
+from router.scheduling.pd import NoRoute
 from router.state.base import Load, Snapshot
 
 COMPAT = ("m", "auto", 16, "vllm")
@@ -27,7 +27,7 @@ def snap(cands, matched=None, loads=None):
 
 
 def policy(**pd):
-    return PairTTFTPolicy(TTFTWeights(), PDConfig(**pd), random.Random(3))
+    return build_policy(PolicyConfig(), PDConfig(**pd), random.Random(3))
 
 
 P1, P2 = cand("p1", "prefill", zone="z1"), cand("p2", "prefill", zone="z1")
@@ -50,7 +50,7 @@ def test_pair_avoids_a_queued_prefill_instance():
 
 def test_pair_follows_the_cached_prefix():
     d = policy().choose(req(), CLUSTER, snap(CLUSTER, matched={"p2": 120}))
-    assert d.prefill == "p2" and d.prefill_tokens == 8192 - 120 * 64
+    assert d.prefill == "p2" and d.terms[d.key]["prefill_tokens"] == 8192 - 120 * 64
 
 
 def test_pair_avoids_a_congested_link():

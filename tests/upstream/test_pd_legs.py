@@ -125,8 +125,8 @@ def test_explain_matches_the_decision_taken():
             sent = body(prompt=f"tenant {i % 2}: " + PROMPT)
             plan = httpx.post(f"{url}/debug/route", json=sent, headers=ADMIN).json()
             assert plan["chosen"]["route"] in plan["acceptable"]
-            chosen_terms = next(r for r in plan["routes"] if r["route"] == plan["chosen"]["route"])
-            assert chosen_terms["ttft_s"] == pytest.approx(plan["chosen"]["estimate_s"])
+            chosen = next(r for r in plan["routes"] if r["route"] == plan["chosen"]["route"])
+            assert chosen["terms"]["ttft_s"] == pytest.approx(plan["chosen"]["estimate_s"])
             before = {b.name: len(b.received) for b in ps + ds}
             assert httpx.post(f"{url}/v1/completions", json=sent).status_code == 200
             d_name = next(b.name for b in ds if len(b.received) > before[b.name])

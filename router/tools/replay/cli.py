@@ -12,9 +12,9 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TextIO, get_args
+from typing import TextIO
 
-from router.config.model import PolicyName
+from router.scheduling.presets import PRESET_NAMES
 from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.report import markdown, write
@@ -48,8 +48,8 @@ class Progress:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", help=".jsonl (Mooncake) or .csv (Azure) file, or synthetic:NAME[:k=v,...]")
-    p.add_argument("--policy", action="extend", nargs="+", choices=get_args(PolicyName), metavar="NAME",
-                   help=f"policies to replay, of {', '.join(get_args(PolicyName))} (default: {' '.join(DEFAULT_POLICIES)})")
+    p.add_argument("--policy", action="extend", nargs="+", choices=PRESET_NAMES, metavar="NAME",
+                   help=f"policies to replay, of {', '.join(PRESET_NAMES)} (default: {' '.join(DEFAULT_POLICIES)})")
     p.add_argument("--prefill", type=int, default=0, help="prefill instances")
     p.add_argument("--decode", type=int, default=0, help="decode instances")
     p.add_argument("--mixed", type=int, default=None, help="mixed instances (default 8 without --prefill/--decode, else 0)")

@@ -7,8 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.config.model import PolicyConfig
-from router.scheduling.framework import Policy
-from router.scheduling.presets import build_policy
+from router.scheduling import Policy, build_policy
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.sim import Simulation
 from router.tools.replay.summary import Curves, curves, summarize

@@ -1,0 +1,133 @@
+"""Route generators: the routes a request may take, before filters and scorers see them.
+
+``instances`` — every candidate, as itself (colocated clusters, and each profile of a
+two-profile policy).
+
+``pd_pairs`` — for a cluster with a prefill pool: each compatible (P, D) pair among the
+best ``max_pair_candidates`` prefill and decode instances (each ranked on its own terms,
+so the work stays linear in the pool size), and prefill on a decode instance alone where
+selective disaggregation allows it. Pairs are priced here (pd_cost.route_cost), because
+eligibility depends on their price; pd_ttft reuses the price.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from router.config.model import PDConfig, TTFTWeights
+from router.scheduling.filters import BoundedLoadFilter, KVRoomFilter, TBTFilter
+from router.scheduling.framework import Filter, NoRoute, RouteRequest, View
+from router.scheduling.pd_cost import admission_seconds, route_cost, transfer_tokens
+from router.scheduling.registry import BuildContext, NoParams, plugin
+from router.scheduling.scorers import TTFTScorer
+
+_new_view = tuple.__new__
+
+
+def split_pools(views: Sequence[View]) -> tuple[list[View], list[View]]:
+    prefills = [v for v in views if v.candidate.role == "prefill"]
+    decodes = [v for v in views if v.candidate.role in ("decode", "mixed")]
+    return prefills, decodes
+
+
+def _mode(route: View) -> str:
+    if route.prefill is not None:
+        return "disaggregated"
+    return "colocated" if route.candidate.role == "mixed" else "decode_only"
+
+
+class InstanceRoutes:
+    name = "instances"
+    disaggregates = False
+
+    def routes(self, req: RouteRequest, views: list[View]) -> list[View]:
+        return views
+
+    def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
+               ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:
+        return index, ties, None, "colocated"
+
+
+class PairRoutes:
+    name = "pd_pairs"
+    disaggregates = True
+
+    def __init__(self, weights: TTFTWeights, pd: PDConfig) -> None:
+        self._w = weights
+        self._pd = pd
+        self._bounded = BoundedLoadFilter(weights.bounded_load_factor, weights.bounded_load_slack)
+        self._decode_filters: tuple[Filter, ...] = (TBTFilter(pd), KVRoomFilter(), self._bounded)
+        self._ttft = TTFTScorer(weights)  # ranks prefill instances by their colocated estimate
+
+    def routes(self, req: RouteRequest, views: list[View]) -> list[View]:
+        """Every eligible route, pairs first. A mixed instance may always serve alone
+        (colocated). A decode instance prefills alone only when selective disaggregation
+        allows it: it lacks fewer than ``selective_threshold_tokens`` of the prompt, there
+        is no usable prefill instance, or the queue ahead on the best pair's prefill
+        instance alone outlasts doing the whole request locally. Otherwise prefill stays
+        off the decode instances, whose time between tokens is what PD protects. SGLang
+        decode workers never serve alone (they only take requests paired through a
+        bootstrap room). Decode instances must pass the TBT, KV-room and bounded-load
+        filters, prefill instances the bounded-load one (each fail-open)."""
+        prefills, decodes = split_pools(views)
+        if not decodes:
+            raise NoRoute("no decode or mixed instance is available")
+        for flt in self._decode_filters:
+            decodes = flt.keep(req, decodes)[0] or decodes
+        w, pd = self._w, self._pd
+        out: list[View] = []
+        if prefills:
+            k = pd.max_pair_candidates
+            prefills = self._bounded.keep(req, prefills)[0] or prefills
+            estimates = self._ttft.estimates(req, prefills)
+            top_p = [prefills[i] for i in heapq.nsmallest(k, range(len(prefills)), key=estimates.__getitem__)]
+            top_d = heapq.nsmallest(k, decodes, key=lambda d: admission_seconds(req, d, pd) + transfer_tokens(req, d))
+            for d in top_d:
+                for p in top_p:
+                    if p.candidate.compat == d.candidate.compat:
+                        out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, p, route_cost(req, d, p, w, pd))))
+        best = min(out, key=lambda r: r.cost.total_s, default=None)  # type: ignore[union-attr]
+        threshold = pd.selective_threshold_tokens
+        best_queue = best.cost.queue_s if best is not None else 0.0  # type: ignore[union-attr]
+        # A local route costs at least its colocated estimate (admission and step only add),
+        # so that cheap estimate rules most decode instances out without pricing them.
+        floors = self._ttft.estimates(req, decodes) if best is not None else None
+        for i, d in enumerate(decodes):
+            if not d.candidate.standalone:
+                continue
+            always = d.candidate.role == "mixed" or best is None or transfer_tokens(req, d) < threshold
+            if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
+                continue
+            local = route_cost(req, d, None, w, pd)
+            if always or best_queue > local.total_s:
+                out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local)))
+        if not out:
+            raise NoRoute("no compatible prefill instance for decode instances that cannot prefill alone")
+        return out
+
+    def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
+               ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:
+        """Selective disaggregation after the pick: a pair whose decode instance lacks
+        fewer than the threshold runs there alone (moving KV is not worth a hop)."""
+        route = routes[index]
+        if route.prefill is None:
+            return index, ties, "colocated" if route.candidate.role == "mixed" else "decode_only_faster", _mode(route)
+        if transfer_tokens(req, route) < self._pd.selective_threshold_tokens:
+            d = route.candidate.id
+            for i, alt in enumerate(routes):
+                if alt.prefill is None and alt.candidate.id == d:
+                    return i, (i,), "decode_only_threshold", _mode(alt)
+        return index, ties, "pair", "disaggregated"
+
+
+@plugin("routes", "instances")
+def instances(params: NoParams, ctx: BuildContext) -> InstanceRoutes:
+    """Every candidate instance as a route of its own."""
+    return InstanceRoutes()
+
+
+@plugin("routes", "pd_pairs")
+def pd_pairs(params: NoParams, ctx: BuildContext) -> PairRoutes:
+    """Compatible (P, D) pairs of the top pd.max_pair_candidates, plus decode-alone routes (pd.*)."""
+    return PairRoutes(ctx.policy.ttft, ctx.require_pd("pd_pairs"))
