@@ -14,6 +14,7 @@ from typing import TypeAlias
 
 from router.config import cli as config_cli
 from router.gateway import serve
+from router.scheduling import check_config
 from router.tools import demo
 from router.tools.emulator import cli as emulate
 from router.tools.replay import cli as replay
@@ -23,7 +24,7 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 # Each ``register`` adds a parser whose ``func`` default returns an exit code.
 _COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    serve.register, config_cli.register, emulate.register, demo.register, replay.register,
+    serve.register, lambda sub: config_cli.register(sub, check_config), emulate.register, demo.register, replay.register,
 )
 
 

@@ -8,6 +8,7 @@ values.schema.json); ``check`` validates a file the way ``serve`` would.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import json
 import sys
 from typing import Any
@@ -18,14 +19,16 @@ from pydantic import BaseModel
 from router.config.model import ConfigError, RouterConfig, load_config
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction, deep_check: Callable[[RouterConfig], None] | None = None) -> None:
+    """``deep_check`` is what ``serve`` checks beyond the model (plugin names and parameters,
+    which only the scheduling layer knows); the composition root passes it in."""
     p = subparsers.add_parser("config", help="print the config schema or defaults, or check a file")
     sub = p.add_subparsers(dest="config_command", required=True)
     sub.add_parser("schema", help="JSON schema of the config file").set_defaults(func=print_schema)
     sub.add_parser("defaults", help="every field with its default and description (YAML)").set_defaults(func=print_defaults)
     check = sub.add_parser("check", help="validate a config file (environment PD_ROUTER_* applies)")
     check.add_argument("path")
-    check.set_defaults(func=check_file)
+    check.set_defaults(func=check_file, deep_check=deep_check)
 
 
 def print_schema(args: argparse.Namespace) -> int:
@@ -41,7 +44,9 @@ def print_defaults(args: argparse.Namespace) -> int:
 
 def check_file(args: argparse.Namespace) -> int:
     try:
-        load_config(args.path)
+        config = load_config(args.path)
+        if args.deep_check is not None:
+            args.deep_check(config)
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2

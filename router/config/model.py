@@ -132,7 +132,7 @@ class CacheAwareWeights(_Strict):
 class PluginRef(_Strict):
     """One plugin of a pipeline: its registered name and its parameters."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="the registered plugin name (router/scheduling/registry.py)")
     params: dict[str, Any] = Field(default_factory=dict, description="checked by the plugin's own parameter model")
 
     @model_validator(mode="before")
@@ -151,9 +151,9 @@ class PipelineConfig(_Strict):
     is built, before the router serves."""
 
     routes: PluginRef | None = Field(default=None, description="route generator; default instances, or pd_pairs with a prefill pool")
-    filters: list[PluginRef] = Field(default_factory=list)
-    scorers: list[ScorerRef] = Field(default_factory=list)
-    picker: PluginRef = Field(default_factory=lambda: PluginRef(name="max_score"))
+    filters: list[PluginRef] = Field(default_factory=list, description="applied in order; a filter that would drop every route keeps them all")
+    scorers: list[ScorerRef] = Field(default_factory=list, description="weighted scores in [0, 1], higher is better, summed per route")
+    picker: PluginRef = Field(default_factory=lambda: PluginRef(name="max_score"), description="turns the totals into one route and its near-ties")
 
 
 class ProfilesConfig(_Strict):
@@ -161,15 +161,15 @@ class ProfilesConfig(_Strict):
     prefill instances, then the decode profile among the decode instances compatible
     with that choice (in a cluster without a prefill pool, the decode profile alone)."""
 
-    prefill: PipelineConfig
-    decode: PipelineConfig
+    prefill: PipelineConfig = Field(description="chooses the prefill instance")
+    decode: PipelineConfig = Field(description="chooses the decode instance among those compatible with the prefill choice")
 
 
 class PolicyConfig(_Strict):
     name: str = Field(default="ttft", pattern=r"^[A-Za-z0-9_.-]+$",
                       description="a preset; with pipeline or profiles, the name the policy is reported under")
-    pipeline: PipelineConfig | None = None
-    profiles: ProfilesConfig | None = None
+    pipeline: PipelineConfig | None = Field(default=None, description="the policy as routes -> filters -> weighted scorers -> picker")
+    profiles: ProfilesConfig | None = Field(default=None, description="independent prefill and decode profiles instead of one pipeline")
     seed: int | None = Field(default=None, description="RNG seed for tie breaks (None = random)")
     default_max_tokens: int = Field(default=256, ge=1, description="output length assumed when a request sets none")
     ttft: TTFTWeights = Field(default_factory=TTFTWeights, description="weights of the ttft policy")

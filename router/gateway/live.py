@@ -33,7 +33,7 @@ from router.core.instances import STATIC, Change, Instance, InstancePool
 from router.core.metrics import Metrics
 from router.discovery import start_sources
 from router.request.service import RouterService
-from router.scheduling import build_policy
+from router.scheduling import build_policy, check_config
 from router.state.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class Live:
             if not changed:
                 return []
             changes.check_live(changed)
+            check_config(new)  # plugin names and parameters, before anything changes
             self._check_static_ids(new.instances)
             changes.apply_in_place(self.config, new, skip=frozenset({"instances"}))
             self.config.instances = list(new.instances)

@@ -110,6 +110,7 @@ def test_patch_changes_weights_live_and_refuses_bad_or_fixed_changes():
             ({"policy": {"ttft": {"tie_tolerance": 5}}}, "invalid_config", "policy.ttft.tie_tolerance"),
             ({"policy": {"name": "fastest"}}, "invalid_config", "policy.name"),
             ({"policy": {"weight_typo": 1}}, "invalid_config", "policy.weight_typo"),
+            ({"policy": {"pipeline": {"scorers": [{"name": "prefx"}]}}}, "invalid_config", "unknown scorer 'prefx'"),
             ({"state": {"backend": "redis"}}, "config_refused", "state.backend cannot change while the router runs"),
             ({"hashing": {"block_chars": 128}}, "config_refused", "hashing.block_chars cannot change"),
         ]:
