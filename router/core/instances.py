@@ -111,9 +111,6 @@ class InstancePool:
     def any_healthy(self) -> bool:
         return any(i.healthy for i in self._instances.values())
 
-    def caps(self, block_tokens: int) -> dict[str, int]:
-        return {i.id: max(1, i.config.cache_tokens // block_tokens) for i in self._instances.values()}
-
     # -- health bookkeeping ----------------------------------------------------------------
     def record_success(self, instance_id: str) -> bool:
         """Returns True when this success brought the instance back."""

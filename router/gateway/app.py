@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
-import http.cookiejar
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +24,7 @@ from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
 from router.scheduling import build_policy
-from router.upstream.pool import UpstreamTransport
+from router.upstream.client import Upstream
 from router.request.service import RouterService
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
@@ -70,17 +69,14 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=config.proxy.max_connections, max_keepalive_connections=config.proxy.max_connections)
-        transport = UpstreamTransport(limits)  # httpx's API on a leaner pool: see router/upstream.py
-        async with httpx.AsyncClient(transport=transport, timeout=config.proxy.request_timeout_s) as client:
-            # One client serves every user: a cookie one engine sets must never ride along
-            # with someone else's request, so the jar accepts none.
-            client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        # httpx's API on a leaner pool (router/upstream/pool.py), held with its client
+        upstream = Upstream.open(config.proxy.max_connections, config.proxy.request_timeout_s)
+        try:
             await store.start()
-            checker = HealthChecker(pool, client, config.health, store.forget_instance)
+            checker = HealthChecker(pool, upstream.client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, client, metrics)
+            app.state.service = RouterService(config, pool, store, policy, upstream, metrics)
             try:
                 yield
             finally:
@@ -88,6 +84,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await store.close()
+        finally:
+            await upstream.aclose()
 
     app = FastAPI(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config

@@ -30,7 +30,8 @@ from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
 from router.scheduling.framework import Policy
 from router.scheduling.pd import NoRoute
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
-from router.upstream.relay import Outcome, RelayResponse, send_upstream, upstream_headers
+from router.upstream.client import Upstream
+from router.upstream.relay import Outcome, RelayResponse, upstream_headers
 from router.request.keys import route_request
 from router.scheduling.decide import Routed, SLORejected, decide
 from router.state.base import StateStore
@@ -89,7 +90,7 @@ class RouterService:
         pool: InstancePool,
         store: StateStore,
         policy: Policy,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         metrics: Metrics,
         calibrator: Calibrator | None = None,
         rng: random.Random | None = None,
@@ -98,13 +99,17 @@ class RouterService:
         self.pool = pool
         self.store = store
         self.policy = policy
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.calibrator = calibrator or Calibrator(config.calibration)
         self.rng = rng or random.SystemRandom()
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        return self.upstream.client
 
     def _reject(self, error: RouterError) -> RouterError:
         self.metrics.rejected.labels(str(error.status)).inc()
@@ -156,12 +161,12 @@ class RouterService:
         path = PATHS[endpoint]
         if routed.decision.prefill is None:
             try:
-                upstream = await send_upstream(self.client, decode.url + path, raw, headers, self.timeout)
+                upstream = await self.upstream.send(decode.url + path, raw, headers, self.timeout)
             except httpx.TransportError as exc:
                 return await self._unreachable(routed, decode, exc, tried)
             return await self._respond(upstream, routed, decode, request_id, tried)
         prefill = self.pool.get(routed.decision.prefill)
-        legs = Legs(self.client, self.timeout, headers, path, prefill, decode, self.background)
+        legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background)
         try:
             if decode.config.flavor == "sglang":
                 result = await run_sglang(legs, parsed.body, self.rng)

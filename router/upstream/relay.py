@@ -3,17 +3,12 @@
 The response body is streamed chunk by chunk as it arrives (SSE or JSON alike), with
 hooks on the first byte (prefill is over) and at the end, whatever the end: complete,
 upstream failure, or client disconnect. The end hook runs shielded from cancellation so
-booked load is always released.
-
-Why the short cut in :func:`send_upstream` (and router/upstream.py): profiling the router under
-load (docs/benchmarks.md, "Router overhead") found httpx's connection pool and client layer, not
-routing, holding most of the CPU. Both keep httpx's API, so callers are unchanged.
+booked load is always released. Sending the request: client.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
@@ -23,10 +18,9 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from router.upstream.pool import UpstreamTransport
+from router.upstream.pool import UpstreamBody
 
 log = logging.getLogger(__name__)
-_HTTPX_LOG = logging.getLogger("httpx")  # client.send logs each request there; the short cut does too
 
 # Request headers worth passing to an engine; everything else (Host, hop-by-hop,
 # Content-Length, cookies) stays at the router.
@@ -52,38 +46,6 @@ def returned_headers(upstream: httpx.Response, request_id: str) -> list[tuple[by
     out = [(k.encode(), upstream.headers[k].encode()) for k in _RETURNED if k in upstream.headers and k != "x-request-id"]
     out.append((b"x-request-id", request_id.encode()))
     return out
-
-
-async def send_upstream(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str],
-                        timeout: httpx.Timeout) -> httpx.Response:
-    """POST and return once the status line and headers arrived; the body stays unread.
-
-    As ``client.send(client.build_request(...), stream=True)``, minus httpx's client layer when it
-    has nothing to do (no auth, hooks or cookies) for an instance on UpstreamTransport: re-parsing
-    the URL, copying the cookie jar and extracting cookies per response were ~15% of the CPU."""
-    target = _url(url)
-    route = getattr(client, "_transport_for_url", None)  # honours proxy mounts; absent -> the usual path
-    transport = route(target) if route is not None else None
-    if (not isinstance(transport, UpstreamTransport) or client.is_closed or client.auth is not None
-            or client.cookies or any(client.event_hooks.values())):
-        return await client.send(client.build_request("POST", url, content=body, headers=headers, timeout=timeout),
-                                 stream=True)
-    merged = client.headers.copy()
-    merged.update(headers)
-    request = httpx.Request("POST", target, headers=merged, content=body, extensions={"timeout": timeout.as_dict()})
-    response = await transport.handle_async_request(request)
-    response.request = request
-    if "set-cookie" in response.headers:
-        client.cookies.extract_cookies(response)
-    _HTTPX_LOG.info('HTTP Request: %s %s "%s %d %s"', request.method, request.url, response.http_version,
-                    response.status_code, response.reason_phrase)
-    return response
-
-
-@functools.lru_cache(maxsize=4096)
-def _url(url: str) -> httpx.URL:
-    """Parsed once per instance and path (httpx URLs are immutable)."""
-    return httpx.URL(url)
 
 
 class RelayResponse(Response):
@@ -126,16 +88,16 @@ class RelayResponse(Response):
         await send({"type": "http.response.start", "status": self._upstream.status_code,
                     "headers": returned_headers(self._upstream, self._request_id)})
         first = True
-        # Set by UpstreamTransport: true once the whole body arrived. The last chunk then goes
-        # out with the end of the body in one write instead of two (same bytes, one syscall less).
-        complete: Callable[[], bool] = self._upstream.extensions.get("pd_router_body_complete", bool)
+        # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
+        # end of the body in one write instead of two (same bytes, one syscall less).
+        body = self._upstream.stream if isinstance(self._upstream.stream, UpstreamBody) else None
         chunks: AsyncGenerator[bytes, None] = self._upstream.aiter_raw()  # type: ignore[assignment]
         try:
             async for chunk in chunks:
                 if first:
                     first = False
                     await self._on_first_byte()
-                if complete():
+                if body is not None and body.complete:
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     await chunks.aclose()
                     return "ok"
