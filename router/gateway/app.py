@@ -1,5 +1,5 @@
-"""The FastAPI application: routes, lifecycle, error bodies. No module-level state:
-everything hangs off the app built by ``create_app``."""
+"""The FastAPI application: routes and lifespan (error answers: errors.py). No module-level
+state: everything hangs off the app built by ``create_app``."""
 
 from __future__ import annotations
 
@@ -15,19 +15,19 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config.model import RouterConfig
-from router.core.errors import RouterError, error_body
-from router.gateway.explain import explain
+from router.core.errors import Forbidden, NoCapacity, Unauthorized
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
-from router.scheduling import build_policy
-from router.upstream.client import Upstream
+from router.gateway.errors import install_error_handlers
+from router.gateway.explain import explain
 from router.request.service import RouterService
+from router.scheduling import build_policy
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
+from router.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +93,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     app.state.store = store
     app.state.metrics = metrics
 
-    @app.exception_handler(RouterError)
-    async def _router_error(request: Request, exc: RouterError) -> Response:
-        return exc.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(error_body(message, type=kind, code=str(exc.status_code)), status_code=exc.status_code)
+    install_error_handlers(app, config.health.retry_after_s)
 
     def service(request: Request) -> RouterService:
         return request.app.state.service
@@ -122,8 +114,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
         svc = service(request)
         healthy = [i for i in pool if i.healthy]
         if not healthy:
-            raise RouterError(503, "no healthy instance", type="service_unavailable", code="no_healthy_instance",
-                              headers={"Retry-After": str(config.health.retry_after_s)})
+            raise NoCapacity("no healthy instance")
 
         async def fetch(url: str) -> list[dict[str, Any]]:
             try:
@@ -159,11 +150,10 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     def require_admin(request: Request) -> None:
         token = config.server.admin_token
         if not token:
-            raise RouterError(403, "admin routes are disabled: set server.admin_token", type="permission_error", code="admin_disabled")
+            raise Forbidden("admin routes are disabled: set server.admin_token", code="admin_disabled")
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise RouterError(401, "missing or wrong admin bearer token", type="authentication_error", code="unauthorized",
-                              headers={"WWW-Authenticate": "Bearer"})
+            raise Unauthorized("missing or wrong admin bearer token")
 
     @app.get("/debug/instances")
     async def debug_instances(request: Request) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from router.core.errors import RouterError, bad_request
+from router.core.errors import NoCapacity, bad_request
 from router.scheduling.pd import NoRoute
 from router.request.prompt import parse_body
 from router.request.keys import route_request
@@ -35,7 +35,7 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
     try:
         decision = svc.policy.choose(req, candidates, snap)
     except (NoRoute, ValueError) as exc:
-        raise RouterError(503, f"no route: {exc}", type="service_unavailable", code="no_route") from None
+        raise NoCapacity(f"no route: {exc}", code="no_route") from None
     return {
         "policy": svc.policy.name,
         "request": {"prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens, "blocks": len(req.keys),

@@ -8,10 +8,8 @@ decode instance. Everything after the first byte is relayed as it comes.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,37 +21,42 @@ from starlette.responses import Response
 
 from router.scheduling.calibration import Calibrator
 from router.config.model import RouterConfig
-from router.core.errors import RouterError, no_capacity
+from router.core.errors import (
+    InvalidRequest,
+    NoCapacity,
+    NoRoute,
+    PayloadTooLarge,
+    RouterError,
+    UpstreamFailure,
+)
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
 from router.scheduling.framework import Policy
-from router.scheduling.pd import NoRoute
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.upstream.client import Upstream
 from router.upstream.relay import Outcome, RelayResponse, upstream_headers
 from router.request.keys import route_request
-from router.scheduling.decide import Routed, SLORejected, decide
+from router.request.request_id import assign_request_id
+from router.scheduling.decide import Routed, decide
 from router.state.base import StateStore
 
 log = logging.getLogger(__name__)
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 RETRY_STATUSES = frozenset({502, 503, 504})
 PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    too_large = RouterError(413, f"request body exceeds {limit} bytes", code="body_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -65,9 +68,9 @@ def request_slo(request: Request, default: float | None) -> float | None:
     try:
         value = float(raw) / 1000
     except ValueError:
-        raise RouterError(400, "header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
+        raise InvalidRequest("header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
     if value <= 0:
-        raise RouterError(400, "header x-ttft-slo-ms must be positive", code="invalid_header")
+        raise InvalidRequest("header x-ttft-slo-ms must be positive", code="invalid_header")
     return value
 
 
@@ -111,23 +114,22 @@ class RouterService:
     def client(self) -> httpx.AsyncClient:
         return self.upstream.client
 
-    def _reject(self, error: RouterError) -> RouterError:
-        self.metrics.rejected.labels(str(error.status)).inc()
-        return error
-
     def candidates(self, model: str, tried: _Attempts) -> list[Instance]:
         roles = ("decode", "mixed") if tried.local_only else ("prefill", "decode", "mixed")
         return self.pool.healthy(roles, exclude=tried.exclude, model=model)
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Any:
         try:
-            raw = await read_body(request, self.config.proxy.max_body_bytes)
-            parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
-            slo = request_slo(request, self.config.pd.ttft_slo_s)
+            return await self._serve(request, endpoint)
         except RouterError as error:
-            raise self._reject(error) from None
-        incoming = request.headers.get("x-request-id", "")
-        request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+            self.metrics.rejected.labels(str(error.status)).inc()
+            raise
+
+    async def _serve(self, request: Request, endpoint: Endpoint) -> Any:
+        raw = await read_body(request, self.config.proxy.max_body_bytes)
+        parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
+        slo = request_slo(request, self.config.pd.ttft_slo_s)
+        request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         tried = _Attempts()
@@ -136,21 +138,16 @@ class RouterService:
             tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
             if not tried.candidates:
                 break
-            try:
+            try:  # SLORejected (429) goes straight to the client
                 routed = await decide(self.store, self.policy, req, [c.candidate for c in candidates], self.metrics, slo)
-            except SLORejected as exc:
-                retry_after = max(1, round(exc.decision.estimate_s or 1))
-                raise self._reject(RouterError(429, str(exc), type="rate_limit_error", code="ttft_slo",
-                                               headers={"Retry-After": str(retry_after)})) from None
             except NoRoute as exc:
                 if tried.prefill_failures:
-                    raise self._reject(RouterError(502, f"prefill failed and {exc}", type="upstream_error",
-                                                   code="prefill_failed")) from None
+                    raise UpstreamFailure(f"prefill failed and {exc}", code="prefill_failed") from None
                 break
             result = await self._dispatch(routed, endpoint, parsed, raw, headers, request_id, tried)
             if result is not None:
                 return result
-        raise self._reject(no_capacity("no healthy instance can take this request", self.config.health.retry_after_s))
+        raise NoCapacity("no healthy instance can take this request")
 
     async def _dispatch(
         self, routed: Routed, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes, headers: dict[str, str],
@@ -207,7 +204,7 @@ class RouterService:
             action, tried.local_only = "prefill_on_decode", True
         else:
             self.metrics.pd_failures.labels(prefill.id, "failed").inc()
-            raise RouterError(502, f"prefill failed: {exc}", type="upstream_error", code="prefill_failed")
+            raise UpstreamFailure(f"prefill failed: {exc}", code="prefill_failed")
         self.metrics.pd_failures.labels(prefill.id, action).inc()
         log.warning("prefill on %s failed (%s): %s", prefill.id, exc, action)
         return None
@@ -246,7 +243,7 @@ class RouterService:
         try:
             body = await upstream.aread()
         except httpx.HTTPError:
-            body = json.dumps({"error": {"message": "upstream error", "type": "upstream_error", "code": str(upstream.status_code)}}).encode()
+            raise UpstreamFailure(f"instance {inst.id} answered {upstream.status_code}, then failed sending the body") from None
         finally:
             await upstream.aclose()
             await self._abandon(routed)
@@ -256,7 +253,7 @@ class RouterService:
         self.metrics.requests.labels(inst.id, outcome).inc()
         self.metrics.latency.labels(inst.id, outcome).observe(time.perf_counter() - routed.started)
         media = upstream.headers.get("content-type", "application/json")
-        return Response(body, status_code=upstream.status_code, media_type=media, headers={"x-request-id": request_id})
+        return Response(body, status_code=upstream.status_code, media_type=media)
 
     def _relay(self, upstream: httpx.Response, inst: Instance, routed: Routed, request_id: str) -> RelayResponse:
         inflight = self.metrics.inflight.labels(inst.id)

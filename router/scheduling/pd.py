@@ -17,6 +17,7 @@ import random
 from collections.abc import Sequence
 
 from router.config.model import PDConfig, TTFTWeights
+from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.scheduling.framework import Decision, Policy, RouteRequest, View, build_views, route_key
 from router.scheduling.cost import colocated_ttft, prefill_work
@@ -30,10 +31,6 @@ from router.scheduling.pd_cost import (
     transfer_tokens,
 )
 from router.state.base import Snapshot
-
-
-class NoRoute(Exception):
-    """No instance can take the request (e.g. no decode-capable instance)."""
 
 
 def split_pools(views: Sequence[View]) -> tuple[list[View], list[View]]:

@@ -18,6 +18,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from router.core.errors import UpstreamFailure
 from router.upstream.pool import UpstreamBody
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 # Content-Length, cookies) stays at the router.
 _FORWARDED = ("authorization", "accept", "user-agent", "openai-organization", "openai-project", "traceparent")
 # Response headers passed back to the client (bytes are relayed as they come, so an encoding
-# the engine applied anyway must travel with them).
-_RETURNED = ("content-type", "content-encoding", "cache-control", "x-request-id", "openai-processing-ms")
+# the engine applied anyway must travel with them). Not x-request-id: the gateway sets it.
+_RETURNED = ("content-type", "content-encoding", "cache-control", "openai-processing-ms")
+_MID_STREAM = f"data: {json.dumps(UpstreamFailure('upstream instance failed mid-stream', code='upstream_disconnected').body())}\n\n".encode()
 
 Outcome = str  # "ok" | "upstream_error" | "client_disconnect"
 
@@ -42,10 +44,8 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
-def returned_headers(upstream: httpx.Response, request_id: str) -> list[tuple[bytes, bytes]]:
-    out = [(k.encode(), upstream.headers[k].encode()) for k in _RETURNED if k in upstream.headers and k != "x-request-id"]
-    out.append((b"x-request-id", request_id.encode()))
-    return out
+def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+    return [(k.encode(), upstream.headers[k].encode()) for k in _RETURNED if k in upstream.headers]
 
 
 class RelayResponse(Response):
@@ -86,7 +86,7 @@ class RelayResponse(Response):
 
     async def _relay(self, send: Send) -> Outcome:
         await send({"type": "http.response.start", "status": self._upstream.status_code,
-                    "headers": returned_headers(self._upstream, self._request_id)})
+                    "headers": returned_headers(self._upstream)})
         first = True
         # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
         # end of the body in one write instead of two (same bytes, one syscall less).
@@ -105,8 +105,7 @@ class RelayResponse(Response):
         except httpx.HTTPError as exc:
             log.warning("request %s: upstream failed mid-response: %s", self._request_id, type(exc).__name__)
             if self._is_sse:
-                error = {"error": {"message": "upstream instance failed mid-stream", "type": "upstream_error", "code": "upstream_disconnected"}}
-                await send({"type": "http.response.body", "body": f"data: {json.dumps(error)}\n\n".encode(), "more_body": True})
+                await send({"type": "http.response.body", "body": _MID_STREAM, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "upstream_error"
         if first:
