@@ -4,7 +4,7 @@ and their health, kept by active checks and by failures seen while proxying."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from router.config.model import InstanceConfig, RouterConfig

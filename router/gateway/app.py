@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -23,6 +23,7 @@ from router.core.instances import InstancePool
 from router.core.metrics import Metrics
 from router.gateway.errors import install_error_handlers
 from router.gateway.explain import explain
+from router.request.lifecycle import Hook
 from router.request.service import RouterService
 from router.scheduling import build_policy
 from router.state.base import StateStore
@@ -58,7 +59,9 @@ def _store_counters(store: StateStore) -> dict[str, int]:
     }
 
 
-def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI:
+def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Sequence[Hook] = ()) -> FastAPI:
+    """The router app. ``hooks`` subscribe to every attempt's lifecycle (router/request/lifecycle.py)
+    after the standard ones: booking, calibration, metrics, access log."""
     pool = InstancePool(config)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
@@ -76,7 +79,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
             checker = HealthChecker(pool, upstream.client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, upstream, metrics)
+            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks)
             try:
                 yield
             finally:

@@ -18,7 +18,7 @@ from router.core.errors import NoCapacity, bad_request
 from router.scheduling.pd import NoRoute
 from router.request.prompt import parse_body
 from router.request.keys import route_request
-from router.request.service import RouterService, _Attempts, read_body
+from router.request.service import RouterService, read_body
 
 
 async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
@@ -29,7 +29,7 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
         raise bad_request("request body is not valid JSON", code="invalid_json") from None
     parsed = parse_body(raw, endpoint, svc.config.hashing.chars_per_token)
     req = route_request(parsed, svc.config.hashing, uuid.uuid4().hex, svc.config.policy.default_max_tokens)
-    instances = svc.candidates(parsed.model, _Attempts())
+    instances = svc.candidates(parsed.model)
     candidates = [i.candidate for i in instances]
     snap = await svc.store.snapshot(req.keys, [c.id for c in candidates])
     try:

@@ -1,9 +1,10 @@
-"""Relaying a request to an engine instance and its answer back to the client.
+"""Relaying an engine's answer back to the client (sending the request: client.py).
 
-The response body is streamed chunk by chunk as it arrives (SSE or JSON alike), with
-hooks on the first byte (prefill is over) and at the end, whatever the end: complete,
-upstream failure, or client disconnect. The end hook runs shielded from cancellation so
-booked load is always released. Sending the request: client.py.
+The response body is streamed chunk by chunk as it arrives (SSE or JSON alike), and a
+:class:`RelayObserver` hears of the first byte (prefill is over) and of the end, whatever the
+end: complete, upstream failure, or client disconnect. The relay knows nothing of what the
+observer does with it (booking, metrics: router/request/hooks.py); it only promises to report
+the end exactly once, shielded from cancellation, so booked load is always released.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Mapping
+from typing import Literal, Protocol
 
 import anyio
 import httpx
@@ -31,7 +33,15 @@ _FORWARDED = ("authorization", "accept", "user-agent", "openai-organization", "o
 _RETURNED = ("content-type", "content-encoding", "cache-control", "openai-processing-ms")
 _MID_STREAM = f"data: {json.dumps(UpstreamFailure('upstream instance failed mid-stream', code='upstream_disconnected').body())}\n\n".encode()
 
-Outcome = str  # "ok" | "upstream_error" | "client_disconnect"
+Outcome = Literal["ok", "upstream_error", "client_disconnect"]
+
+
+class RelayObserver(Protocol):
+    """Hears how a relay goes: ``first_byte`` at most once, then ``end`` exactly once."""
+
+    async def first_byte(self) -> None: ...
+
+    async def end(self, outcome: Outcome) -> None: ...
 
 
 def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, str]:
@@ -49,13 +59,13 @@ def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
 
 
 class RelayResponse(Response):
-    """An ASGI response that streams an upstream httpx response to the client."""
+    """An ASGI response that streams an upstream httpx response to the client.
 
-    def __init__(self, upstream: httpx.Response, request_id: str, on_first_byte: Callable[[], Awaitable[None]],
-                 on_end: Callable[[Outcome], Awaitable[None]]) -> None:
+    ``request_id`` only names the request in log lines."""
+
+    def __init__(self, upstream: httpx.Response, request_id: str, observer: RelayObserver) -> None:
         self.status_code, self.background = upstream.status_code, None
-        self._upstream, self._request_id = upstream, request_id
-        self._on_first_byte, self._on_end = on_first_byte, on_end
+        self._upstream, self._request_id, self._observer = upstream, request_id, observer
         self._is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,7 +92,7 @@ class RelayResponse(Response):
             watcher.cancel()
             with anyio.CancelScope(shield=True):
                 await self._upstream.aclose()
-                await self._on_end(outcome)
+                await self._observer.end(outcome)
 
     async def _relay(self, send: Send) -> Outcome:
         await send({"type": "http.response.start", "status": self._upstream.status_code,
@@ -96,7 +106,7 @@ class RelayResponse(Response):
             async for chunk in chunks:
                 if first:
                     first = False
-                    await self._on_first_byte()
+                    await self._observer.first_byte()
                 if body is not None and body.complete:
                     await send({"type": "http.response.body", "body": chunk, "more_body": False})
                     await chunks.aclose()
@@ -109,6 +119,6 @@ class RelayResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "upstream_error"
         if first:
-            await self._on_first_byte()
+            await self._observer.first_byte()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return "ok"

@@ -2,17 +2,19 @@
 failures that raise them for real, and an x-request-id on every answer."""
 
 import re
+import socket
+import threading
 from contextlib import ExitStack, contextmanager
 from types import SimpleNamespace
 
 import httpx
 import pytest
+from servers import FakeBackend, serve_app
 
 from router.config.model import load_config
 from router.core import errors
 from router.core.errors import RouterError, SLORejected
 from router.gateway.app import create_app
-from servers import FakeBackend, serve_app
 
 TOKEN = "s3cret"
 PROMPT = "A long shared system prompt for the error tests. " * 60
@@ -125,6 +127,48 @@ def test_ttft_slo_rejection_is_429_with_retry_after():
         assert_openai_error(r, 429, "rate_limit_error", "ttft_slo")
         assert int(r.headers["retry-after"]) >= 1
     assert a.received == []
+
+
+class MisbehavingEngine:
+    """A TCP server that takes requests and either hangs up at once or never answers."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.sock = mode, socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            if self.mode == "hang_up":
+                conn.close()
+            else:
+                self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize("mode, status, code", [("hang_up", 502, "upstream_failed"), ("silent", 504, "upstream_timeout")])
+def test_an_engine_failing_before_any_answer_is_502_or_504(mode, status, code):
+    engine = MisbehavingEngine(mode)
+    try:
+        with router(instances=[{"url": engine.url, "name": "bad"}], proxy={"request_timeout_s": 0.5}) as (url, app):
+            app.state.pool.get("bad").healthy = True  # its /health check failed at start
+            r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=10)
+            assert_openai_error(r, status, "server_error", code)
+            assert "retry-after" not in r.headers
+            text = httpx.get(f"{url}/metrics").text
+            assert f'pd_router_rejected_total{{status="{status}"}} 1.0' in text
+    finally:
+        engine.close()
 
 
 def test_no_capacity_and_no_route_are_503_with_retry_after():
