@@ -48,7 +48,8 @@ def serve_app(app, port: int | None = None) -> Iterator[str]:
 class FakeBackend:
     """An OpenAI-compatible stand-in that records what it received.
 
-    ``first_byte_s`` delays the first byte (prefill), ``chunk_s`` spaces the streamed chunks.
+    ``first_byte_s`` delays the first byte (prefill), ``chunk_s`` spaces the streamed chunks;
+    ``die_after`` chunks into a stream, the engine drops the connection mid-body.
     """
 
     name: str
@@ -62,6 +63,7 @@ class FakeBackend:
     kv_params: dict | None = None  # returned to a vLLM-style prefill request (do_remote_decode)
     set_cookie: str | None = None  # sent with every answer
     finished_at: list[float] = field(default_factory=list)
+    die_after: int | None = None
 
     def app(self) -> Starlette:
         async def completion(request: Request):
@@ -78,6 +80,8 @@ class FakeBackend:
                 try:
                     await asyncio.sleep(self.first_byte_s)
                     for i in range(self.chunks):
+                        if i == self.die_after:
+                            raise ConnectionAbortedError(f"{self.name} died mid-stream")  # uvicorn drops the connection
                         if i:
                             await asyncio.sleep(self.chunk_s)
                         chunk = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": f"t{i}"}], "backend": self.name}

@@ -225,9 +225,6 @@ class InstancePool:
         """True when some instance can take a new request (what /ready reports)."""
         return any(i.routable for i in self._instances.values())
 
-    def caps(self, block_tokens: int) -> dict[str, int]:
-        return {i.id: max(1, i.config.cache_tokens // block_tokens) for i in self._instances.values()}
-
     # -- health bookkeeping ----------------------------------------------------------------
     def record_success(self, instance_id: str) -> bool:
         """Returns True when this success brought the instance back."""

@@ -28,22 +28,22 @@ from pydantic import ValidationError
 from router.config import changes
 from router.config.changes import Refused
 from router.config.model import ConfigError, InstanceConfig
-from router.core.errors import RouterError, bad_request
+from router.core.errors import Conflict, InvalidConfig, NotFound, UnsupportedMediaType, bad_request
 from router.core.instances import STATIC, Instance
 from router.gateway.live import Live
 
 _MERGE_PATCH = ("application/merge-patch+json", "application/json")
 
 
-def _refused(exc: Exception) -> RouterError:
+def _refused(exc: Exception) -> InvalidConfig:
     code = "config_refused" if isinstance(exc, Refused) else "invalid_config"
-    return RouterError(422, str(exc), code=code)
+    return InvalidConfig(str(exc), code=code)
 
 
 async def _json_object(request: Request, what: str) -> dict[str, Any]:
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media not in _MERGE_PATCH:
-        raise RouterError(415, f"{what} must be JSON ({' or '.join(_MERGE_PATCH)})", code="unsupported_media_type")
+        raise UnsupportedMediaType(f"{what} must be JSON ({' or '.join(_MERGE_PATCH)})", code="unsupported_media_type")
     try:
         body = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError):
@@ -66,9 +66,9 @@ def install_admin(app: FastAPI, require_admin: Callable[[Request], None]) -> Non
         require_admin(request)
         live: Live = request.app.state.live
         if write and live.options.workers > 1:
-            raise RouterError(409, f"this router runs {live.options.workers} worker processes and an admin change "
+            raise Conflict(f"this router runs {live.options.workers} worker processes and an admin change "
                                    "would reach only the one answering: change the config file (ConfigMap) instead, "
-                                   "every worker reloads it", type="invalid_request_error", code="per_worker_admin")
+                                   "every worker reloads it", code="per_worker_admin")
         return live
 
     def config_doc(live: Live) -> dict[str, Any]:
@@ -105,15 +105,15 @@ def install_admin(app: FastAPI, require_admin: Callable[[Request], None]) -> Non
             new = InstanceConfig.model_validate(body)
         except ValidationError as exc:
             where = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors())
-            raise RouterError(422, f"invalid instance: {where}", code="invalid_config") from None
+            raise InvalidConfig(f"invalid instance: {where}", code="invalid_config") from None
         if new.id in live.pool:
-            raise RouterError(409, f"instance {new.id!r} is already known", code="instance_exists")
+            raise Conflict(f"instance {new.id!r} is already known", code="instance_exists")
         await _apply_instances(live, [*live.config.instances, new])
         return JSONResponse(_describe(live.pool.get(new.id), 0), status_code=201)
 
     def known(live: Live, instance_id: str) -> Instance:
         if instance_id not in live.pool:
-            raise RouterError(404, f"no instance {instance_id!r}", type="not_found", code="unknown_instance")
+            raise NotFound(f"no instance {instance_id!r}", code="unknown_instance")
         return live.pool.get(instance_id)
 
     @app.delete("/admin/instances/{instance_id:path}")
@@ -121,7 +121,7 @@ def install_admin(app: FastAPI, require_admin: Callable[[Request], None]) -> Non
         live = live_for(request, write=True)
         inst = known(live, instance_id)
         if inst.source != STATIC:
-            raise RouterError(422, f"instance {instance_id!r} was found by {inst.source} discovery and leaves when "
+            raise InvalidConfig(f"instance {instance_id!r} was found by {inst.source} discovery and leaves when "
                                    "its pod or record does; drain it to stop sending it requests", code="config_refused")
         await _apply_instances(live, [ic for ic in live.config.instances if ic.id != instance_id])
         return JSONResponse({"removed": instance_id})

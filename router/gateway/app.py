@@ -1,5 +1,5 @@
-"""The FastAPI application: routes, lifecycle, error bodies. No module-level state:
-everything hangs off the app built by ``create_app``."""
+"""The FastAPI application: routes and lifespan (error answers: errors.py). No module-level
+state: everything hangs off the app built by ``create_app``."""
 
 from __future__ import annotations
 
@@ -7,30 +7,30 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
-import http.cookiejar
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from router.config.model import RouterConfig
-from router.core.errors import RouterError, error_body
+from router.core.errors import Forbidden, NoCapacity, Unauthorized
 from router.gateway.admin import install_admin
-from router.gateway.explain import explain
 from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
-from router.scheduling import build_policy
-from router.upstream.pool import UpstreamTransport
+from router.gateway.errors import install_error_handlers
+from router.gateway.explain import explain
+from router.request.lifecycle import Hook
 from router.request.service import RouterService
+from router.scheduling import build_policy
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
+from router.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,11 @@ def _store_counters(store: StateStore) -> dict[str, int]:
     }
 
 
-def create_app(config: RouterConfig, store: StateStore | None = None, live: LiveOptions | None = None) -> FastAPI:
+def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Sequence[Hook] = (),
+               live: LiveOptions | None = None) -> FastAPI:
+    """The router app. ``hooks`` subscribe to every attempt's lifecycle (router/request/lifecycle.py)
+    after the standard ones: booking, calibration, metrics, access log. ``live`` says where the
+    config comes from, for reloads (router/gateway/live.py)."""
     pool = InstancePool(config)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
@@ -72,17 +76,14 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=config.proxy.max_connections, max_keepalive_connections=config.proxy.max_connections)
-        transport = UpstreamTransport(limits)  # httpx's API on a leaner pool: see router/upstream.py
-        async with httpx.AsyncClient(transport=transport, timeout=config.proxy.request_timeout_s) as client:
-            # One client serves every user: a cookie one engine sets must never ride along
-            # with someone else's request, so the jar accepts none.
-            client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+        # httpx's API on a leaner pool (router/upstream/pool.py), held with its client
+        upstream = Upstream.open(config.proxy.max_connections, config.proxy.request_timeout_s)
+        try:
             await store.start()
-            checker = HealthChecker(pool, client, config.health, store.forget_instance)
+            checker = HealthChecker(pool, upstream.client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, client, metrics)
+            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks)
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions())
             await app.state.live.start()
             try:
@@ -93,6 +94,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
                 await store.close()
+        finally:
+            await upstream.aclose()
 
     app = FastAPI(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
@@ -100,15 +103,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
     app.state.store = store
     app.state.metrics = metrics
 
-    @app.exception_handler(RouterError)
-    async def _router_error(request: Request, exc: RouterError) -> Response:
-        return exc.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        return JSONResponse(error_body(message, type=kind, code=str(exc.status_code)), status_code=exc.status_code)
+    install_error_handlers(app, config.health.retry_after_s)
 
     def service(request: Request) -> RouterService:
         return request.app.state.service
@@ -129,8 +124,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
         svc = service(request)
         healthy = [i for i in pool if i.healthy]
         if not healthy:
-            raise RouterError(503, "no healthy instance", type="service_unavailable", code="no_healthy_instance",
-                              headers={"Retry-After": str(config.health.retry_after_s)})
+            raise NoCapacity("no healthy instance")
 
         async def fetch(url: str) -> list[dict[str, Any]]:
             try:
@@ -154,9 +148,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
     async def ready() -> Response:
         if pool.any_healthy():
             return JSONResponse({"status": "ready"})
-        message = "no instance can take requests yet" if len(pool) == 0 else "no healthy instance"
-        return JSONResponse(error_body(message, type="service_unavailable", code="no_healthy_instance"), status_code=503,
-                            headers={"Retry-After": str(config.health.retry_after_s)})
+        raise NoCapacity("no instance can take requests yet" if len(pool) == 0 else "no healthy instance")
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -167,11 +159,10 @@ def create_app(config: RouterConfig, store: StateStore | None = None, live: Live
     def require_admin(request: Request) -> None:
         token = config.server.admin_token
         if not token:
-            raise RouterError(403, "admin routes are disabled: set server.admin_token", type="permission_error", code="admin_disabled")
+            raise Forbidden("admin routes are disabled: set server.admin_token", code="admin_disabled")
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            raise RouterError(401, "missing or wrong admin bearer token", type="authentication_error", code="unauthorized",
-                              headers={"WWW-Authenticate": "Bearer"})
+            raise Unauthorized("missing or wrong admin bearer token")
 
     @app.get("/debug/instances")
     async def debug_instances(request: Request) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from router.core.errors import RouterError, bad_request
+from router.core.errors import NoCapacity, bad_request
 from router.scheduling.framework import Decision, NoRoute
 from router.request.prompt import parse_body
 from router.request.keys import route_request
-from router.request.service import RouterService, _Attempts, read_body
+from router.request.service import RouterService, read_body
 
 
 async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
@@ -32,13 +32,13 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
         raise bad_request("request body is not valid JSON", code="invalid_json") from None
     parsed = parse_body(raw, endpoint, svc.config.hashing.chars_per_token)
     req = route_request(parsed, svc.config.hashing, uuid.uuid4().hex, svc.config.policy.default_max_tokens)
-    instances = svc.candidates(parsed.model, _Attempts())
+    instances = svc.candidates(parsed.model)
     candidates = [i.candidate for i in instances]
     snap = await svc.store.snapshot(req.keys, [c.id for c in candidates])
     try:
         decision = svc.policy.choose(req, candidates, snap)
     except (NoRoute, ValueError) as exc:
-        raise RouterError(503, f"no route: {exc}", type="service_unavailable", code="no_route") from None
+        raise NoCapacity(f"no route: {exc}", code="no_route") from None
     describe = getattr(svc.policy, "describe", None)
     return {
         "policy": svc.policy.name,

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from router.core.errors import bad_request
+from router.core.errors import InvalidRequest
 
 Endpoint = Literal["completions", "chat"]
 
@@ -41,16 +41,16 @@ def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> Parsed
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise bad_request("request body must be a JSON object", code="invalid_json")
+        raise InvalidRequest("request body must be a JSON object", code="invalid_json")
 
     model = body.get("model")
     if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a non-empty string", param="model")
+        raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", param="stream")
+        raise InvalidRequest("'stream' must be a boolean", param="stream")
     max_tokens = _max_tokens(body)
     _check_positive_int(body, "n")
 
@@ -71,7 +71,7 @@ def _check_positive_int(body: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise bad_request(f"'{name}' must be a positive integer", param=name)
+        raise InvalidRequest(f"'{name}' must be a positive integer", param=name)
     return value
 
 
@@ -90,18 +90,18 @@ def _is_token_list(value: Any) -> bool:
 def _completion_prompt(prompt: Any, chars_per_token: float) -> tuple[str | None, list[int] | None, int]:
     if isinstance(prompt, str):
         if not prompt:
-            raise bad_request("'prompt' must not be empty", param="prompt")
+            raise InvalidRequest("'prompt' must not be empty", param="prompt")
         return prompt, None, _estimate(prompt, chars_per_token)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             if not all(prompt):
-                raise bad_request("'prompt' must not contain empty strings", param="prompt")
+                raise InvalidRequest("'prompt' must not contain empty strings", param="prompt")
             return prompt[0], None, sum(_estimate(p, chars_per_token) for p in prompt)
         if _is_token_list(prompt):
             return None, list(prompt), len(prompt)
         if all(_is_token_list(p) and p for p in prompt):
             return None, list(prompt[0]), sum(len(p) for p in prompt)
-    raise bad_request(
+    raise InvalidRequest(
         "'prompt' is required: a non-empty string, list of strings, list of token ids "
         "(0 <= id < 2^32) or list of token-id lists",
         param="prompt",
@@ -112,14 +112,14 @@ def _content_text(content: Any, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise bad_request(f"'{where}.content' must be a string, a list of content parts or null", param=where)
+        raise InvalidRequest(f"'{where}.content' must be a string, a list of content parts or null", param=where)
     out: list[str] = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise bad_request(f"'{where}.content[{j}]' must be an object with a 'type'", param=where)
+            raise InvalidRequest(f"'{where}.content[{j}]' must be an object with a 'type'", param=where)
         if part["type"] == "text":
             if not isinstance(part.get("text"), str):
-                raise bad_request(f"'{where}.content[{j}].text' must be a string", param=where)
+                raise InvalidRequest(f"'{where}.content[{j}].text' must be a string", param=where)
             out.append(part["text"])
         else:
             payload = {k: v for k, v in part.items() if k != "type"}
@@ -129,19 +129,19 @@ def _content_text(content: Any, where: str) -> str:
 
 def _chat_text(messages: Any, tools: Any) -> str:
     if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' is required and must be a non-empty list", param="messages")
+        raise InvalidRequest("'messages' is required and must be a non-empty list", param="messages")
     parts: list[str] = []
     if tools is not None:
         if not isinstance(tools, list):
-            raise bad_request("'tools' must be a list", param="tools")
+            raise InvalidRequest("'tools' must be a list", param="tools")
         parts.append(f"{_PART}tools{_FIELD}{json.dumps(tools, sort_keys=True, separators=(',', ':'))}")
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
-            raise bad_request(f"'{where}' must be an object", param="messages")
+            raise InvalidRequest(f"'{where}' must be an object", param="messages")
         role = msg.get("role")
         if role not in _ROLES:
-            raise bad_request(f"'{where}.role' must be one of {sorted(_ROLES)}", param="messages")
+            raise InvalidRequest(f"'{where}.role' must be one of {sorted(_ROLES)}", param="messages")
         header = role
         if isinstance(msg.get("name"), str):
             header += f"{_PART}name={msg['name']}"

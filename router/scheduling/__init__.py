@@ -10,7 +10,8 @@ a decision never does I/O of its own beyond the state store.
 
 from router.core.instances import Candidate
 from router.scheduling.build import build_policy, check_config, default_registry
-from router.scheduling.framework import Decision, NoRoute, Policy, RouteRequest, View
+from router.core.errors import NoRoute
+from router.scheduling.framework import Decision, Policy, RouteRequest, View
 from router.scheduling.pipeline import Pipeline
 from router.scheduling.registry import ENTRY_POINT_GROUP, BuildContext, Params, PluginError, Registry, plugin
 

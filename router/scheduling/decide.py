@@ -6,19 +6,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from router.core.errors import SLORejected
 from router.core.metrics import Metrics
 from router.core.instances import Candidate
 from router.scheduling.framework import Decision, Policy, RouteRequest, route_key
 from router.state.base import Booking, Leg, Snapshot, StateStore
-
-
-class SLORejected(Exception):
-    """The best predicted TTFT already misses the SLO: refuse now rather than queue."""
-
-    def __init__(self, decision: Decision, slo_s: float) -> None:
-        super().__init__(f"predicted TTFT {decision.estimate_s:.2f}s exceeds the {slo_s:.2f}s SLO")
-        self.decision = decision
-        self.slo_s = slo_s
 
 
 def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:

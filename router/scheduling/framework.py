@@ -14,12 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.state.base import Load, Snapshot
-
-
-class NoRoute(Exception):
-    """No route can take the request (e.g. no decode-capable instance)."""
 
 
 @dataclass(frozen=True)

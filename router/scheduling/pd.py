@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.config.model import PDConfig, TTFTWeights
+from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.scheduling.cost import prefill_work
-from router.scheduling.framework import Decision, NoRoute, RouteCost, RouteRequest, View, route_key
+from router.scheduling.framework import Decision, RouteCost, RouteRequest, View, route_key
 from router.scheduling.pd_cost import route_cost
 from router.scheduling.pipeline import Pipeline
 from router.scheduling.registry import BuildContext, NoParams, plugin

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from router.core.instances import Candidate
+from router.core.errors import NoRoute
 from router.scheduling.framework import (
     Decision,
     Estimator,
     Filter,
     LazyMap,
-    NoRoute,
     Picker,
     RouteGenerator,
     RouteRequest,

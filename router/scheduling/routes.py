@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from router.config.model import PDConfig, TTFTWeights
 from router.scheduling.filters import BoundedLoadFilter, KVRoomFilter, TBTFilter
-from router.scheduling.framework import Filter, NoRoute, RouteRequest, View
+from router.core.errors import NoRoute
+from router.scheduling.framework import Filter, RouteRequest, View
 from router.scheduling.pd_cost import admission_seconds, route_cost, transfer_tokens
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.scheduling.scorers import TTFTScorer

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 from starlette.responses import Response
 
-from router.upstream.handoff import sglang_body, vllm_decode_body, vllm_prefill_body
 from router.core.instances import Instance
-from router.upstream.relay import send_upstream
+from router.upstream.client import Upstream
+from router.upstream.handoff import sglang_body, vllm_decode_body, vllm_prefill_body
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class PrefillFailed(Exception):
 
 @dataclass
 class Legs:
-    client: httpx.AsyncClient
+    upstream: Upstream
     timeout: httpx.Timeout
     headers: dict[str, str]
     path: str
@@ -69,7 +69,7 @@ async def run_vllm(legs: Legs, body: dict[str, Any], min_tokens: str) -> LegsRes
     started = time.perf_counter()
     payload = json.dumps(vllm_prefill_body(body, min_tokens)).encode()
     try:
-        resp = await legs.client.post(legs.prefill.url + legs.path, content=payload, headers=legs.headers, timeout=legs.timeout)
+        resp = await legs.upstream.client.post(legs.prefill.url + legs.path, content=payload, headers=legs.headers, timeout=legs.timeout)
     except httpx.TransportError as exc:
         raise PrefillFailed(f"prefill unreachable: {type(exc).__name__}", fatal=isinstance(exc, httpx.ConnectError)) from None
     prefill_s = time.perf_counter() - started
@@ -82,7 +82,7 @@ async def run_vllm(legs: Legs, body: dict[str, Any], min_tokens: str) -> LegsRes
         log.warning("prefill %s returned no kv_transfer_params: decode %s will prefill the whole prompt",
                     legs.prefill.id, legs.decode.id)
     decode_payload = json.dumps(vllm_decode_body(body, params)).encode()
-    upstream = await send_upstream(legs.client, legs.decode.url + legs.path, decode_payload, legs.headers, legs.timeout)
+    upstream = await legs.upstream.send(legs.decode.url + legs.path, decode_payload, legs.headers, legs.timeout)
     return LegsResult(upstream, prefill_s, params is None)
 
 
@@ -94,7 +94,7 @@ async def run_sglang(legs: Legs, body: dict[str, Any], rng: random.Random) -> Le
 
     async def prefill_leg() -> httpx.Response:
         try:
-            resp = await legs.client.post(legs.prefill.url + legs.path, content=payload, headers=legs.headers, timeout=legs.timeout)
+            resp = await legs.upstream.client.post(legs.prefill.url + legs.path, content=payload, headers=legs.headers, timeout=legs.timeout)
         except httpx.TransportError as exc:
             raise PrefillFailed(f"prefill unreachable: {type(exc).__name__}", fatal=isinstance(exc, httpx.ConnectError)) from None
         timings["prefill"] = time.perf_counter() - started
@@ -102,7 +102,7 @@ async def run_sglang(legs: Legs, body: dict[str, Any], rng: random.Random) -> Le
         return resp
 
     p_task = asyncio.create_task(prefill_leg())
-    d_task = asyncio.create_task(send_upstream(legs.client, legs.decode.url + legs.path, payload, legs.headers, legs.timeout))
+    d_task = asyncio.create_task(legs.upstream.send(legs.decode.url + legs.path, payload, legs.headers, legs.timeout))
     done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
     if p_task in done and p_task.exception() is not None:
         await _cancel_decode(d_task)

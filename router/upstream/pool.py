@@ -152,11 +152,21 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-class _Body(httpx.AsyncByteStream):
-    """An answer's body; its connection goes back to the pool on close (reused if fully read)."""
+class UpstreamBody(httpx.AsyncByteStream):
+    """An answer's body as UpstreamTransport hands it out (``response.stream``).
+
+    Its connection goes back to the pool on close, reused if the body was fully read.
+    ``complete`` is public for the relay: once it is true after a chunk, that chunk was the
+    last, so the relay can end the client's answer with it in one write instead of two.
+    """
 
     def __init__(self, pool: UpstreamTransport, conn: _Connection, timeout: float | None) -> None:
         self._pool, self._conn, self._timeout, self._open = pool, conn, timeout, True
+
+    @property
+    def complete(self) -> bool:
+        """True once the whole body arrived and every chunk of it was handed out."""
+        return self._conn.drained()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while chunk := await self._conn.next_chunk(self._timeout):
@@ -173,8 +183,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     streamed request bodies) goes to httpx's own transport, built with the same limits.
 
     Same contract as httpx's: ``Limits`` (connections, idle connections, keep-alive expiry),
-    connect/read/pool timeouts, the httpx exception for each failure, and a body stream that
-    returns its connection to the pool once fully read and closes it otherwise.
+    connect/read/pool timeouts, the httpx exception for each failure, and a body stream
+    (:class:`UpstreamBody`) that returns its connection to the pool once fully read and
+    closes it otherwise.
     """
 
     def __init__(self, limits: httpx.Limits | None = None) -> None:
@@ -200,9 +211,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self.release(conn, reuse=False)
             raise
-        return httpx.Response(conn.status, headers=conn.headers, stream=_Body(self, conn, timeouts.get("read")),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason,
-                                          "pd_router_body_complete": conn.drained})
+        return httpx.Response(conn.status, headers=conn.headers, stream=UpstreamBody(self, conn, timeouts.get("read")),
+                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason})
 
     async def _acquire(self, key: tuple[str, int], request: httpx.Request, timeouts: Mapping[str, float | None]) -> _Connection:
         # the warmest idle connection to ``key``, else a new one, else wait for a free slot

@@ -52,7 +52,7 @@ def test_starts_with_no_instance_unready_until_one_is_added():
         url, app = stack.enter_context(router({"instances": []}))
         r = httpx.get(f"{url}/ready")
         assert r.status_code == 503 and r.headers["retry-after"] == "2"
-        assert r.json()["error"] == {"message": "no instance can take requests yet", "type": "service_unavailable",
+        assert r.json()["error"] == {"message": "no instance can take requests yet", "type": "server_error",
                                      "param": None, "code": "no_healthy_instance"}
         assert httpx.get(f"{url}/health").status_code == 200
         assert httpx.post(f"{url}/v1/completions", json=completion(0)).status_code == 503

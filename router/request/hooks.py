@@ -1,0 +1,134 @@
+"""The standard lifecycle hooks: booking/residency, calibration, metrics, access log.
+
+Each is one concern reacting to the events of router/request/lifecycle.py; the service knows
+none of them. Order matters only for the log line, which comes last so it sees the rest done;
+hooks given to ``create_app(hooks=...)`` run after these.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from router.core.instances import InstancePool
+from router.core.metrics import Metrics
+from router.request.lifecycle import Abandon, Attempt, Hook
+from router.scheduling.calibration import Calibrator
+from router.scheduling.decide import Routed
+from router.state.base import StateStore
+from router.upstream.relay import Outcome
+
+log = logging.getLogger("router.request.service")  # the access log keeps the name it always had
+
+
+class BookingHook(Hook):
+    """What a route booked in the state store: prefill work until the first byte, the whole
+    request until the end; residency stays unless the attempt was abandoned."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    async def first_byte(self, attempt: Attempt) -> None:
+        if attempt.streaming:  # a JSON answer's first byte comes with its last: release does it all, one call fewer
+            await self.store.prefill_done(attempt.routed.booking)
+
+    async def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        await self.store.release(attempt.routed.booking)
+
+    async def abandon(self, attempt: Attempt, why: Abandon) -> None:
+        await self.store.abandon(attempt.routed.booking, attempt.routed.snapshot.matched)
+
+
+class CalibrationHook(Hook):
+    """Measured against estimated prefill time, at the first byte: the TTFT of a stream, and the
+    prefill leg the router ran itself (vLLM PD). Slow instances get their prefill rate scaled."""
+
+    def __init__(self, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> None:
+        self.calibrator, self.pool, self.metrics = calibrator, pool, metrics
+
+    async def first_byte(self, attempt: Attempt) -> None:
+        routed = attempt.routed
+        if attempt.prefill_s is not None and attempt.prefill is not None:
+            self._calibrate(attempt.prefill.id, routed, "prefill_leg", attempt.prefill_s)
+        if not attempt.streaming or attempt.first_byte_s is None:
+            return  # the first byte of a JSON answer is its last: no TTFT in it
+        decision = routed.decision
+        if decision.mode == "disaggregated":  # the leg was calibrated above, the pair is only observed
+            if decision.estimate_s:
+                self.metrics.estimate_ratio.labels("disaggregated").observe(attempt.first_byte_s / decision.estimate_s)
+        else:
+            self._calibrate(attempt.instance.id, routed, decision.mode, attempt.first_byte_s)
+
+    def _calibrate(self, instance: str, routed: Routed, mode: str, actual_s: float) -> None:
+        d = routed.decision
+        if mode == "prefill_leg":  # only this reads the cost terms, which are built on first read
+            terms = d.terms.get(d.key, {})
+            estimate = terms.get("queue_s", 0.0) + terms.get("prefill_s", 0.0)
+        else:
+            estimate = d.estimate_s or 0.0
+        if estimate <= 0:
+            return
+        self.metrics.estimate_ratio.labels(mode).observe(actual_s / estimate)
+        factor = self.calibrator.observe(instance, estimate, actual_s)
+        if factor is not None:
+            self.pool.calibrate(instance, factor)
+            self.metrics.calibration.labels(instance).set(factor)
+
+
+class MetricsHook(Hook):
+    """In-flight gauge, time to first byte, requests and latency by outcome, retries.
+
+    Label children are kept (bounded: instances x outcomes): ``labels()`` was ~3% of the CPU."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _child(self, name: str, *labels: str) -> Any:
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = getattr(self.metrics, name).labels(*labels)
+        return child
+
+    async def before_send(self, attempt: Attempt) -> None:
+        self._child("inflight", attempt.instance.id).inc()
+
+    async def first_byte(self, attempt: Attempt) -> None:
+        self._child("ttfb", attempt.instance.id).observe(attempt.first_byte_s)
+
+    async def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        instance, model = attempt.instance.id, attempt.instance.config.model or ""
+        self._child("inflight", instance).dec()
+        self._child("requests", instance, model, outcome).inc()
+        self._child("latency", instance, model, outcome).observe(attempt.duration_s)
+
+    async def abandon(self, attempt: Attempt, why: Abandon) -> None:
+        self._child("inflight", attempt.instance.id).dec()
+        if why.kind == "retry":
+            self._child("retries", why.instance, why.reason).inc()
+        elif why.kind == "passed":  # an engine's error answer, relayed: a request with that outcome
+            model = attempt.instance.config.model or ""  # the engine's declared model: bounded, never the client's
+            self._child("requests", why.instance, model, why.reason).inc()
+            self._child("latency", why.instance, model, why.reason).observe(attempt.duration_s)
+        # "failed": the router's own error, counted as rejected where it is raised
+
+
+class AccessLogHook(Hook):
+    """One line per attempt: id, route, outcome, duration (never prompt text)."""
+
+    async def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        log.info("request %s -> %s %s %.3fs", attempt.request_id, attempt.routed.decision.key, outcome, attempt.duration_s)
+
+    async def abandon(self, attempt: Attempt, why: Abandon) -> None:
+        if why.kind == "retry":
+            log.warning("request %s -> %s: %s on %s, trying another instance", attempt.request_id,
+                        attempt.routed.decision.key, why.reason, why.instance)
+        else:
+            log.info("request %s -> %s %s (%s on %s) %.3fs", attempt.request_id, attempt.routed.decision.key,
+                     why.kind, why.reason, why.instance, attempt.duration_s)
+
+
+def standard_hooks(store: StateStore, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> list[Hook]:
+    """The hooks every router runs, in order."""
+    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), MetricsHook(metrics), AccessLogHook()]
