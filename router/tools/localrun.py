@@ -24,7 +24,7 @@ import yaml
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.launch import EmulatorProcess, spawn_emulator
 from router.tools.emulator.perf import PerfProfile, decode_step_time, get_profile, prefill_time
-from router.tools.process import free_port, read_tail, stop_process, wait_ready
+from router.tools.process import free_port, read_tail, retry_port_race, startup_error, stop_process, wait_ready
 
 
 @dataclass(frozen=True)
@@ -153,14 +153,12 @@ def profile_timing(prof: PerfProfile, time_scale: float) -> dict[str, float]:
 class RouterProcess:
     process: subprocess.Popen[bytes]
     url: str
-    config_path: str
     log_path: str
 
     def stop(self) -> None:
         stop_process(self.process)
-        for path in (self.config_path, self.log_path):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.unlink(self.log_path)
 
 
 @contextlib.contextmanager
@@ -169,8 +167,20 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Se
     """``pd-router serve`` as a subprocess on a free loopback port, until /ready answers 200;
     with ``source``, the ``router`` package of that directory (another checkout) instead of ours."""
     fd, config_path = tempfile.mkstemp(prefix="pd-router-", suffix=".yaml")
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump(config, fh)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            yaml.safe_dump(config, fh)
+        handle = retry_port_race(lambda: _start_router(config_path, ready_timeout, args, source))
+        try:
+            yield handle
+        finally:
+            handle.stop()
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(config_path)
+
+
+def _start_router(config_path: str, ready_timeout: float, args: Sequence[str], source: str | None) -> RouterProcess:
     log_fd, log_path = tempfile.mkstemp(prefix="pd-router-", suffix=".log")
     port = free_port("127.0.0.1")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PD_ROUTER_")}
@@ -180,7 +190,7 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Se
         proc = subprocess.Popen([sys.executable, "-m", "router", "serve", "--config", config_path, "--port", str(port),
                                  "--log-level", "warning", *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=source)
-    handle = RouterProcess(proc, f"http://127.0.0.1:{port}", config_path, log_path)
+    handle = RouterProcess(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         with httpx.Client(timeout=1.0, trust_env=False) as client:
 
@@ -191,10 +201,11 @@ def router_process(config: dict[str, Any], ready_timeout: float = 30.0, args: Se
                     return False
 
             wait_ready(ready, proc, ready_timeout,
-                       lambda why: RuntimeError(f"router {why}: {read_tail(log_path, 2000)}"), interval=0.1)
-        yield handle
-    finally:
+                       lambda why: startup_error("router", why, read_tail(log_path, 2000)), interval=0.1)
+    except BaseException:
         handle.stop()
+        raise
+    return handle
 
 
 def engine_stats(engines: Sequence[Engine]) -> dict[str, dict[str, Any]]:

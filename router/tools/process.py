@@ -12,6 +12,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class PortTaken(RuntimeError):
+    """A child could not bind the port ``free_port`` had picked: something took it in between."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -74,3 +81,24 @@ def wait_ready(check: Callable[[], bool], process: subprocess.Popen[bytes], time
         if time.monotonic() > deadline:
             raise error(f"not ready after {timeout:g}s")
         time.sleep(interval)
+
+
+def startup_error(what: str, why: str, log_tail: str) -> RuntimeError:
+    """The error for a child (``what``) that never got ready: PortTaken when its log says
+    it lost ``free_port``'s race, a plain RuntimeError otherwise; both carry the log tail."""
+    kind = PortTaken if "address already in use" in log_tail.lower() else RuntimeError
+    return kind(f"{what} {why}:\n{log_tail}")
+
+
+def retry_port_race(start: Callable[[], T], attempts: int = 3) -> T:
+    """``start()``, again while it raises PortTaken (it must pick fresh free ports each time).
+
+    ``free_port`` can only name a port that was free a moment ago; on a busy machine an
+    outgoing connection sometimes takes it before the child binds it.
+    """
+    for _ in range(attempts - 1):
+        try:
+            return start()
+        except PortTaken:
+            continue
+    return start()

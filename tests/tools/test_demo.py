@@ -7,27 +7,26 @@ import uuid
 from pathlib import Path
 
 
-def processes_marked(mark: str) -> set[str]:
-    """Live processes whose environment carries ``mark``: the demo's own children inherit it,
-    so emulators or routers other tests (or other checkouts) run at the same time never count."""
+def processes_tagged(tag: str) -> set[int]:
+    """Live processes whose environment carries ``tag``: the demo's children, however
+    deep, and nobody else's (other runs on the machine start the same commands)."""
     found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if mark.encode() in (proc / "environ").read_bytes():
-                found.add(proc.name)
-        except OSError:  # gone, or not ours to read
-            continue
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if tag.encode() in (entry / "environ").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
     return found
 
 
 def test_demo_runs_and_cleans_up():
-    mark = f"PDR_DEMO_TEST_MARK={uuid.uuid4().hex}"
-    env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+    tag = f"PDR_DEMO_TEST_RUN={uuid.uuid4().hex}"
+    name, value = tag.split("=")
     proc = subprocess.run(
         [sys.executable, "-m", "router", "demo", "--requests", "24", "--concurrency", "6", "--time-scale", "0.05"],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True, text=True, timeout=240, env={**os.environ, name: value},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -37,4 +36,4 @@ def test_demo_runs_and_cleans_up():
     for r in rows:
         assert r[2] == "24" and r[3] == "0"  # requests, errors
         assert r[4].endswith("%") and r[5].endswith("ms") and r[6].endswith("ms")
-    assert processes_marked(mark) == set()
+    assert processes_tagged(tag) == set()

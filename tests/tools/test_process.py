@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from router.tools.process import read_tail, stop_process, wait_ready
+from router.tools.emulator import EmulatorConfig
+from router.tools.emulator.launch import spawn_emulator
+from router.tools.process import (
+    PortTaken,
+    bind_socket,
+    read_tail,
+    retry_port_race,
+    startup_error,
+    stop_process,
+    wait_ready,
+)
 
 
 @pytest.fixture
@@ -66,3 +76,48 @@ def test_read_tail_keeps_the_end_and_tolerates_a_missing_file(tmp_path: Path) ->
     log.write_bytes(b"a" * 100 + b"the end")
     assert read_tail(str(log), 7) == "the end"
     assert read_tail(str(tmp_path / "missing.log")) == ""
+
+
+def test_startup_errors_say_when_the_port_was_taken() -> None:
+    taken = startup_error("router", "exited with 3", "ERROR: [Errno 98] ... address already in use\n")
+    other = startup_error("router", "exited with 1", "ConfigError: no instances")
+    assert isinstance(taken, PortTaken) and str(taken).startswith("router exited with 3:\nERROR")
+    assert type(other) is RuntimeError and "no instances" in str(other)
+
+
+def test_retry_port_race_starts_again_only_after_a_lost_race() -> None:
+    attempts: list[int] = []
+
+    def start() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise PortTaken("taken")
+        return "up"
+
+    assert retry_port_race(start) == "up" and len(attempts) == 3
+
+    def always_taken() -> str:
+        attempts.append(1)
+        raise PortTaken("taken")
+
+    attempts.clear()
+    with pytest.raises(PortTaken):
+        retry_port_race(always_taken, attempts=2)
+    assert len(attempts) == 2
+
+    def broken() -> str:
+        attempts.append(1)
+        raise RuntimeError("config error")
+
+    attempts.clear()
+    with pytest.raises(RuntimeError, match="config error"):
+        retry_port_race(broken)
+    assert len(attempts) == 1  # anything but a lost port race is final
+
+
+def test_an_emulator_on_a_port_in_use_fails_with_port_taken() -> None:
+    with bind_socket("127.0.0.1", 0) as sock:
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(PortTaken, match="(?i)address already in use"):
+            spawn_emulator(EmulatorConfig(time_scale=0.01), host="127.0.0.1", port=port)

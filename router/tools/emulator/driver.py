@@ -114,8 +114,9 @@ class EngineDriver:
         """Current model time: step boundaries plus scaled wall time in between.
 
         Model time advances by exactly each step's modelled duration while the
-        engine is busy (CPU lag does not leak in) and with scaled wall time
-        while it is idle, so engine-side TTFTs are the model's, not the host's.
+        engine is busy and with scaled wall time while it is idle (until work
+        arrives), so CPU lag does not leak in and engine-side TTFTs are the
+        model's, not the host's.
         """
         loop = self._loop
         if loop is None or self.time_scale <= 0:
@@ -152,6 +153,12 @@ class EngineDriver:
         return request
 
     def wake(self) -> None:
+        if self._idle and self._loop is not None:
+            # Work arrived: stop the idle clock now. Until the loop gets round to the next
+            # step (event-loop latency, CPU contention: a millisecond is 0.1 model seconds
+            # at time scale 0.01) model time stands still, as it does between two steps.
+            self._model_time = self.model_now()
+            self._idle = False
         waiter = self._wake
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

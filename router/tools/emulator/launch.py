@@ -30,7 +30,15 @@ from router.tools.emulator.faults import install_log_filter
 from router.tools.emulator.flags import config_to_argv
 from router.tools.emulator.runtime import EmulatorRuntime
 from router.tools.emulator.server import build_app
-from router.tools.process import bind_socket, free_port, read_tail, stop_process, wait_ready
+from router.tools.process import (
+    bind_socket,
+    free_port,
+    read_tail,
+    retry_port_race,
+    startup_error,
+    stop_process,
+    wait_ready,
+)
 
 
 @dataclass
@@ -192,14 +200,22 @@ class EmulatorProcess:
 def spawn_emulator(config: EmulatorConfig, host: str | None = None,
                    port: int | None = None, ready_timeout: float = 30.0,
                    extra_args: list[str] | None = None) -> EmulatorProcess:
-    """Start a subprocess and wait until its /health answers (any status)."""
-    host = host or config.host
+    """Start a subprocess and wait until its /health answers (any status).
+
+    Ports not given (``port``, ``config.bootstrap_port``) are picked free, again if the
+    engine lost the race for them.
+    """
+    return retry_port_race(lambda: _spawn(config, host or config.host, port, ready_timeout,
+                                          extra_args or []))
+
+
+def _spawn(config: EmulatorConfig, host: str, port: int | None, ready_timeout: float,
+           extra_args: list[str]) -> EmulatorProcess:
     port = port or free_port(host)
     bootstrap = config.bootstrap_port or free_port(host)
     config = config.replace(host=host, port=port, bootstrap_port=bootstrap)
     fd, log_path = tempfile.mkstemp(prefix=f"emulator-{port}-", suffix=".log")
-    argv = [sys.executable, "-m", "router.tools.emulator", *config_to_argv(config),
-            *(extra_args or [])]
+    argv = [sys.executable, "-m", "router.tools.emulator", *config_to_argv(config), *extra_args]
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL)
@@ -217,7 +233,7 @@ def spawn_emulator(config: EmulatorConfig, host: str | None = None,
 
         try:
             wait_ready(answers, process, ready_timeout,
-                       lambda why: RuntimeError(f"emulator {why}:\n{handle.log_tail()}"))
+                       lambda why: startup_error("emulator", why, handle.log_tail()))
         except RuntimeError:
             handle.stop()
             raise
