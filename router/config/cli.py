@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from router.config.model import ConfigError, RouterConfig, load_config
 
 
-def register(subparsers: argparse._SubParsersAction, deep_check: Callable[[RouterConfig], None] | None = None) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], deep_check: Callable[[RouterConfig], None] | None = None) -> None:
     """``deep_check`` is what ``serve`` checks beyond the model (plugin names and parameters,
     which only the scheduling layer knows); the composition root passes it in."""
     p = subparsers.add_parser("config", help="print the config schema or defaults, or check a file")

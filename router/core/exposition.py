@@ -96,7 +96,7 @@ class WorkerProcesses:
             if os.path.exists(os.path.join(self._proc, str(pid))):
                 live.append(pid)
             else:
-                mark_process_dead(pid, str(self._path))
+                mark_process_dead(pid, str(self._path))  # type: ignore[no-untyped-call]  # untyped in prometheus_client
         return live
 
     def collect(self) -> Iterator[Metric]:

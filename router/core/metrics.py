@@ -119,7 +119,7 @@ class Metrics:
         self._store_counters: dict[str, Counter] = {}
         self.registry.register(BuildInfo())
         if self.multiprocess_path:
-            MultiProcessCollector(self.registry, path=self.multiprocess_path)
+            MultiProcessCollector(self.registry, path=self.multiprocess_path)  # type: ignore[no-untyped-call]  # untyped upstream
             self.registry.register(WorkerProcesses(self.multiprocess_path))
             if store_counters is not None:
                 self._store_counters = {

@@ -46,7 +46,7 @@ def _pod_value(pod: Pod, key: str) -> str | None:
         return None
     for source in (meta.annotations, meta.labels):
         if source and ANNOTATION_PREFIX + key in source:
-            return source[ANNOTATION_PREFIX + key]
+            return str(source[ANNOTATION_PREFIX + key])
     return None
 
 

@@ -72,7 +72,8 @@ def install_admin(app: FastAPI, require_admin: Callable[[Request], None]) -> Non
         return live
 
     def config_doc(live: Live) -> dict[str, Any]:
-        return changes.redact(changes.dump(live.config))
+        doc: dict[str, Any] = changes.redact(changes.dump(live.config))
+        return doc
 
     async def instances_doc(live: Live) -> dict[str, Any]:
         members = list(live.pool)

@@ -106,15 +106,16 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     install_error_handlers(app, config.health.retry_after_s)
 
     def service(request: Request) -> RouterService:
-        return request.app.state.service
+        svc: RouterService = request.app.state.service
+        return svc
 
     # The inference routes are plain Starlette routes: they take the raw Request and always
     # return a Response, so FastAPI's per-request dependency solving bought nothing (~4% CPU).
     async def completions(request: Request) -> Response:
-        return await service(request).proxy_inference(request, "completions")  # type: ignore[no-any-return]
+        return await service(request).proxy_inference(request, "completions")
 
     async def chat_completions(request: Request) -> Response:
-        return await service(request).proxy_inference(request, "chat")  # type: ignore[no-any-return]
+        return await service(request).proxy_inference(request, "chat")
 
     app.add_route("/v1/completions", completions, methods=["POST"], include_in_schema=False)
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=False)

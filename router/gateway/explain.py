@@ -17,15 +17,16 @@ from typing import Any
 
 from starlette.requests import Request
 
-from router.core.errors import NoCapacity, bad_request
-from router.scheduling.framework import Decision, NoRoute
-from router.request.prompt import parse_body
+from router.core.errors import NoCapacity, NoRoute, bad_request
+from router.scheduling.framework import Decision
+from router.request.prompt import Endpoint, parse_body
 from router.request.keys import route_request
 from router.request.service import RouterService, read_body
 
 
 async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
     raw = await read_body(request, svc.config.proxy.max_body_bytes)
+    endpoint: Endpoint
     try:
         endpoint = "chat" if "messages" in json.loads(raw) else "completions"
     except (ValueError, TypeError):

@@ -19,7 +19,7 @@ from router.core.logs import LOG_FORMATS, logging_config
 from router.scheduling import check_config
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("serve", help="run the router")
     p.add_argument("--config", help="YAML config file (environment PD_ROUTER_* overrides it)")
     p.add_argument("--host", default=os.environ.get("PDR_HOST", "127.0.0.1"), help="default $PDR_HOST or 127.0.0.1")

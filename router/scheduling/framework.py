@@ -106,11 +106,11 @@ class LazyMap(Mapping[str, Any]):
     """A mapping built only when read (by /debug/route, calibration or tests): building
     hundreds of small dicts on every decision would dominate its cost."""
 
-    def __init__(self, build: Callable[[], dict]) -> None:
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
         self._build = build
-        self._data: dict | None = None
+        self._data: dict[str, Any] | None = None
 
-    def _get(self) -> dict:
+    def _get(self) -> dict[str, Any]:
         if self._data is None:
             self._data = self._build()
         return self._data

@@ -40,7 +40,8 @@ def batch_size(body: dict[str, Any]) -> int:
     prompts = 1
     if isinstance(prompt, list) and prompt and (isinstance(prompt[0], (str, list))):
         prompts = len(prompt)
-    n = body.get("n") if isinstance(body.get("n"), int) else 1
+    n_field = body.get("n")
+    n = n_field if isinstance(n_field, int) else 1
     return prompts * max(1, n)
 
 

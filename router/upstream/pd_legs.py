@@ -116,7 +116,8 @@ async def run_sglang(legs: Legs, body: dict[str, Any], rng: random.Random) -> Le
         _log_late_failure(p_task, legs)
     else:  # the decode answered first; the prefill finishes on its own, failures logged
         legs.background.add(p_task)
-        p_task.add_done_callback(lambda t: (legs.background.discard(t), _log_late_failure(t, legs)))
+        p_task.add_done_callback(legs.background.discard)
+        p_task.add_done_callback(lambda t: _log_late_failure(t, legs))
     return LegsResult(upstream, timings.get("prefill"))
 
 
