@@ -1,8 +1,9 @@
 """Log setup for ``pd-router serve``: text or one JSON object per line, with the request id.
 
 The request id is the one the router forwards to the engines (``x-request-id``): the client's
-when it sent a usable one, else a new one. ``RequestIdMiddleware`` settles it before the app
-sees the request and keeps it in a context variable, so every line logged while serving that
+when it sent a usable one, else a new one. The gateway's one request-id middleware
+(router/gateway/errors.py) settles it before the app sees the request and binds it here, in a
+context variable, so every line logged while serving that
 request (the request line, retries, prefill failures, uvicorn's error report) carries it and
 can be joined with the engines' logs. Prompt text is never logged.
 """
@@ -34,6 +35,15 @@ _RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 
 def current_request_id() -> str | None:
     return _REQUEST_ID.get()
+
+
+def bind_request_id(request_id: str) -> contextvars.Token[str | None]:
+    """Every line logged from now on in this task carries ``request_id``; undo with ``unbind``."""
+    return _REQUEST_ID.set(request_id)
+
+
+def unbind_request_id(token: contextvars.Token[str | None]) -> None:
+    _REQUEST_ID.reset(token)
 
 
 class RequestIdFilter(logging.Filter):
@@ -100,32 +110,3 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-class RequestIdMiddleware:
-    """Settles each HTTP request's id and keeps it in the logging context while it is served.
-
-    A usable client ``x-request-id`` is kept; otherwise a new one replaces it in the request
-    headers, so the request path (which forwards that header to the engines and returns it)
-    and the log lines agree on one id."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
-        given = [v for k, v in headers if k == b"x-request-id"]
-        request_id = given[0].decode("latin-1") if len(given) == 1 else ""
-        if not REQUEST_ID_PATTERN.match(request_id):
-            request_id = uuid.uuid4().hex
-            headers = [(k, v) for k, v in headers if k != b"x-request-id"]
-            headers.append((b"x-request-id", request_id.encode()))
-            scope = {**scope, "headers": headers}
-        token = _REQUEST_ID.set(request_id)
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            _REQUEST_ID.reset(token)

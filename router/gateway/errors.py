@@ -30,6 +30,7 @@ from router.core.errors import (
     RouterError,
     Unauthorized,
 )
+from router.core.logs import bind_request_id, unbind_request_id
 from router.request.request_id import assign_request_id
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
+        token = bind_request_id(header[1].decode())
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
@@ -98,3 +100,5 @@ class RequestIdMiddleware:
                 raise
             error = InternalError("internal error; the router logged it under this request id")
             await error_response(error, 0)(scope, receive, send_with_id)
+        finally:
+            unbind_request_id(token)

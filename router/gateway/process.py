@@ -12,17 +12,16 @@ import contextlib
 
 from fastapi import FastAPI
 
-from router.core.logs import ASGIApp, Receive, RequestIdMiddleware, Scope, Send
+from router.core.logs import ASGIApp, Receive, Scope, Send
 from router.core.metrics import Metrics
 
 
 def wrap(app: FastAPI) -> ASGIApp:
     metrics: Metrics = app.state.metrics
-    inner = RequestIdMiddleware(app)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "lifespan":
-            await inner(scope, receive, send)
+            await app(scope, receive, send)
             return
         # The lifespan call lasts from startup to shutdown: the export runs alongside it.
         exporter = asyncio.create_task(metrics.export_forever(), name="pd-router-metrics-export")

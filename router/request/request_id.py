@@ -8,12 +8,12 @@ follows a request through router, prefill and decode.
 from __future__ import annotations
 
 import os
-import re
 
 from starlette.types import Scope
 
+from router.core.logs import REQUEST_ID_PATTERN
+
 SCOPE_KEY = "pd_router.request_id"  # an ASGI scope extension key: the id of this request
-_VALID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def assign_request_id(scope: Scope) -> str:
@@ -25,7 +25,7 @@ def assign_request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", ()):
         if name == b"x-request-id":
             incoming = value.decode("latin-1")
-            if _VALID.match(incoming):
+            if REQUEST_ID_PATTERN.match(incoming):
                 chosen = incoming
             break
     scope[SCOPE_KEY] = chosen = chosen or os.urandom(16).hex()  # what uuid4().hex gives, for less

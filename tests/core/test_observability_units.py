@@ -15,7 +15,9 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 from router.core.exposition import WorkerProcesses, prepare_multiprocess_dir
-from router.core.logs import JsonFormatter, RequestIdFilter, RequestIdMiddleware, current_request_id, logging_config
+from router.core.logs import JsonFormatter, RequestIdFilter, current_request_id, logging_config
+from router.gateway.errors import RequestIdMiddleware
+from router.request.request_id import SCOPE_KEY
 from router.core.metrics import Metrics
 
 # Labels Prometheus (instance, job) or a Prometheus Operator ServiceMonitor (the rest) put on
@@ -120,21 +122,26 @@ def test_logging_config_is_valid_for_both_formats():
             logging.getLogger(name).handlers[:] = handlers
 
 
-async def _call(headers: list[tuple[bytes, bytes]]) -> tuple[list, str | None]:
+async def _call(headers: list[tuple[bytes, bytes]]) -> tuple[str, str | None, list]:
     seen: dict = {}
+    sent: list = []
 
     async def inner(scope, receive, send):
-        seen["headers"] = scope["headers"]
+        seen["scope_id"] = scope[SCOPE_KEY]
         seen["id"] = current_request_id()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
 
-    await RequestIdMiddleware(inner)({"type": "http", "headers": headers}, None, None)  # type: ignore[arg-type]
-    return seen["headers"], seen["id"]
+    async def send(message):
+        sent.append(message)
+
+    await RequestIdMiddleware(inner)({"type": "http", "headers": headers}, None, send)  # type: ignore[arg-type]
+    return seen["scope_id"], seen["id"], sent[0]["headers"]
 
 
 def test_request_id_is_kept_when_usable_and_minted_otherwise():
-    headers, rid = asyncio.run(_call([(b"x-request-id", b"trace-1"), (b"host", b"h")]))
-    assert rid == "trace-1" and (b"x-request-id", b"trace-1") in headers
-    for bad in ([(b"x-request-id", b"has spaces")], [], [(b"x-request-id", b"a"), (b"x-request-id", b"b")]):
-        headers, rid = asyncio.run(_call(bad))
-        assert rid and len(rid) == 32 and [v for k, v in headers if k == b"x-request-id"] == [rid.encode()]
+    scope_id, rid, answer = asyncio.run(_call([(b"x-request-id", b"trace-1"), (b"host", b"h")]))
+    assert scope_id == rid == "trace-1" and (b"x-request-id", b"trace-1") in answer
+    for bad in ([(b"x-request-id", b"has spaces")], []):
+        scope_id, rid, answer = asyncio.run(_call(bad))
+        assert rid and len(rid) == 32 and scope_id == rid and answer == [(b"x-request-id", rid.encode())]
     assert current_request_id() is None  # reset after the request
