@@ -53,6 +53,7 @@ class Metrics:
 
     def __init__(self, store_counters: StoreCounters | None = None, multiprocess_path: str | None = None) -> None:
         self.multiprocess_path = multiprocess_path or multiprocess_dir()
+        self.generation = 0  # bumped when an engine's series are dropped
         self.registry = CollectorRegistry()
         # In multiprocess mode the metric objects only feed the shared files; the served
         # registry reads those files (all workers) rather than this process's objects.
@@ -134,6 +135,7 @@ class Metrics:
         """Drop the series of an engine that left the pool (discovery, admin API), so that its
         last health and load values are not reported forever. In multiprocess mode the values
         already written to the shared files stay until the workers restart."""
+        self.generation += 1  # whoever caches label children (request/hooks.py) drops them
         for metric in vars(self).values():
             if isinstance(metric, MetricWrapperBase) and "engine" in metric._labelnames:
                 position = metric._labelnames.index("engine")

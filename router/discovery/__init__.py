@@ -1,6 +1,11 @@
-"""Instances found at run time: Kubernetes pods by label selector, DNS records of a
-headless service. Each source keeps its whole current view and hands it to a sink
-(``Sink``: the gateway's ``Live.sync``), which adds, updates and removes instances."""
+"""Layer: discovery (beside scheduling and upstream). Instances found at run time:
+Kubernetes pods by label selector, DNS records of a headless service. Each source keeps its
+whole current view and hands it to a sink (``Sink``: the gateway's ``Live.sync``), which adds,
+updates and removes instances.
+
+May import: router.core, router.config. Never scheduling or upstream: it only says who is
+out there; the gateway decides what that changes.
+"""
 
 from __future__ import annotations
 

@@ -201,9 +201,7 @@ class Live:
 
     async def _retire(self, inst: Instance) -> None:
         await self.store.drop_instance(inst.id)
-        for gauge in (self.metrics.healthy, self.metrics.calibration):
-            with contextlib.suppress(KeyError, ValueError):  # never set, or labelled otherwise
-                gauge.remove(inst.id)
+        self.metrics.forget_engine(inst.id)
         self.service.calibrator.factors.pop(inst.id, None)
 
     def _rebuild_policy(self) -> None:

@@ -83,8 +83,12 @@ class MetricsHook(Hook):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._children: dict[tuple[str, ...], Any] = {}
+        self._generation = metrics.generation
 
     def _child(self, name: str, *labels: str) -> Any:
+        if self._generation != self.metrics.generation:  # an engine's series were dropped: so are ours
+            self._children.clear()
+            self._generation = self.metrics.generation
         key = (name, *labels)
         child = self._children.get(key)
         if child is None:

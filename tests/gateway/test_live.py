@@ -216,3 +216,26 @@ def test_patch_resets_a_field_with_null_and_replaces_the_instance_list():
             wait_for(lambda: app.state.pool.get("b").healthy, what="b checked")
             assert httpx.post(f"{url}/v1/completions", json=completion(1)).status_code == 200
         assert len(b.received) == 1 and a.received == []
+
+
+def _engine_samples(url: str, name: str) -> list[str]:
+    return [line for line in httpx.get(f"{url}/metrics").text.splitlines()
+            if not line.startswith("#") and f'engine="{name}"' in line]
+
+
+def test_a_removed_instance_leaves_the_metrics_and_counts_again_when_it_returns():
+    a, b = FakeBackend("a"), FakeBackend("b")
+    with router({"policy": {"name": "round_robin"}}, backends=[a, b]) as (url, app):
+        for i in range(4):
+            assert httpx.post(f"{url}/v1/completions", json=completion(i)).status_code == 200
+        assert any(s.startswith("pd_router_requests_total") for s in _engine_samples(url, "b"))
+        b_config = next(ic for ic in app.state.config.instances if ic.name == "b")
+        assert httpx.delete(f"{url}/admin/instances/b", headers=AUTH).status_code == 200
+        wait_for(lambda: _engine_samples(url, "b") == [], what="b's series dropped")
+        r = httpx.post(f"{url}/admin/instances", json=b_config.model_dump(exclude_none=True), headers=AUTH)
+        assert r.status_code == 201, r.text
+        wait_for(lambda: app.state.pool.get("b").healthy, what="b checked again")
+        for i in range(4):
+            assert httpx.post(f"{url}/v1/completions", json=completion(10 + i)).status_code == 200
+        served = [s for s in _engine_samples(url, "b") if s.startswith("pd_router_requests_total")]
+        assert served and sum(float(s.split()[-1]) for s in served) == 2.0  # counted from zero again, not lost
