@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from router.config.engines import EnginesConfig
+
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
 PolicyName = Literal[
@@ -202,6 +204,7 @@ class RouterConfig(BaseSettings):
     pd: PDConfig = Field(default_factory=PDConfig)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    engines: EnginesConfig = Field(default_factory=EnginesConfig)
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":

@@ -3,6 +3,7 @@ and their health, kept by active checks and by failures seen while proxying."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -75,6 +76,13 @@ class InstancePool:
         """Scale an instance's prefill rate by a measured slowdown ``factor``."""
         inst = self._instances[instance_id]
         inst.candidate = _candidate(inst.config, self._default_rate, factor)
+
+    def apply_facts(self, instance_id: str, config: InstanceConfig) -> None:
+        """From now on use ``config``: the configured one with engine-reported facts filled
+        in (capacity, block size, KV dtype). The calibrated prefill rate is kept."""
+        inst = self._instances[instance_id]
+        inst.config = config
+        inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=config.cache_tokens, compat=config.compat)
 
     def compat_report(self) -> dict[str, str]:
         """Instances that can never be paired, with the reason (empty when all can)."""

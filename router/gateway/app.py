@@ -24,6 +24,11 @@ from router.gateway.explain import explain
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
+from router.engines.book import EngineBook
+from router.engines.exported import EngineCollector
+from router.engines.external import ExternalLoadPolicy
+from router.engines.poller import EnginePoller
+from router.request.admission import Admission
 from router.scheduling import build_policy
 from router.upstream.pool import UpstreamTransport
 from router.request.service import RouterService
@@ -64,7 +69,9 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(store))
-    policy = build_policy(config.policy, config.pd if pool.disaggregated else None)
+    book = EngineBook(config.engines.stale_after_s or 0.0)  # what the engines report, read by the request path
+    policy = ExternalLoadPolicy(build_policy(config.policy, config.pd if pool.disaggregated else None), book.external_loads)
+    metrics.registry.register(EngineCollector(book))
     for instance_id, problem in pool.compat_report().items():
         log.warning("instance %s can never be paired: %s", instance_id, problem)
 
@@ -77,16 +84,28 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
             # with someone else's request, so the jar accepts none.
             client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
             await store.start()
-            checker = HealthChecker(pool, client, config.health, store.forget_instance)
+            poller = EnginePoller(config, pool, store, client, book)
+
+            async def recovered(instance_id: str) -> None:
+                await store.forget_instance(instance_id)
+                if config.engines.poll:
+                    await poller.on_recovered(instance_id)
+
+            checker = HealthChecker(pool, client, config.health, recovered)
             await checker.check_all()
-            task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, client, metrics)
+            tasks = [asyncio.create_task(checker.run(), name="pd-router-health")]
+            if config.engines.poll:
+                await poller.start()
+                tasks.append(asyncio.create_task(poller.run(), name="pd-router-engines"))
+            admission = Admission(pool, book.facts, config.engines.text_bytes_per_token_max)
+            app.state.service = RouterService(config, pool, store, policy, client, metrics, admission=admission)
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await store.close()
 
     app = FastAPI(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -94,6 +113,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
     app.state.pool = pool
     app.state.store = store
     app.state.metrics = metrics
+    app.state.engines = book
 
     @app.exception_handler(RouterError)
     async def _router_error(request: Request, exc: RouterError) -> Response:
@@ -183,7 +203,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
                  "compat": dict(zip(("model", "kv_dtype", "block_size", "flavor"), i.config.compat)),
                  "unpairable": unpairable.get(i.id), "calibration_factor": calibrator.factor(i.id),
                  "prefill_tokens_per_s": i.candidate.prefill_tokens_per_s,
-                 "load": dataclasses.asdict(snap.loads[i.id])}
+                 "load": dataclasses.asdict(snap.loads[i.id]), "engine": book.describe(i.id)}
                 for i in pool
             ],
         }

@@ -32,6 +32,7 @@ from router.scheduling.pd import NoRoute
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.upstream.relay import Outcome, RelayResponse, send_upstream, upstream_headers
 from router.request.keys import route_request
+from router.request.admission import Admission
 from router.scheduling.decide import Routed, SLORejected, decide
 from router.state.base import StateStore
 
@@ -93,6 +94,7 @@ class RouterService:
         metrics: Metrics,
         calibrator: Calibrator | None = None,
         rng: random.Random | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -102,6 +104,7 @@ class RouterService:
         self.metrics = metrics
         self.calibrator = calibrator or Calibrator(config.calibration)
         self.rng = rng or random.SystemRandom()
+        self.admission = admission or Admission(pool, lambda _: None, config.engines.text_bytes_per_token_max)
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
@@ -112,13 +115,14 @@ class RouterService:
 
     def candidates(self, model: str, tried: _Attempts) -> list[Instance]:
         roles = ("decode", "mixed") if tried.local_only else ("prefill", "decode", "mixed")
-        return self.pool.healthy(roles, exclude=tried.exclude, model=model)
+        return [i for i in self.pool.healthy(roles, exclude=tried.exclude, model=model) if self.admission.serves(i, model)]
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Any:
         try:
             raw = await read_body(request, self.config.proxy.max_body_bytes)
             parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
             slo = request_slo(request, self.config.pd.ttft_slo_s)
+            self.admission.check(parsed)
         except RouterError as error:
             raise self._reject(error) from None
         incoming = request.headers.get("x-request-id", "")

@@ -117,6 +117,10 @@ class StateStore(abc.ABC):
     async def forget_instance(self, instance: str) -> None:
         """Drop an instance's residency (it restarted or left): its cache is gone."""
 
+    def set_cap(self, instance: str, cap: int) -> None:
+        """Keep at most ``cap`` residency entries for ``instance`` from now on (the engine
+        reported its real capacity). Stores without a per-instance cap ignore it."""
+
     @property
     def round_trips(self) -> int:
         """Network round trips made so far (0 for in-process stores)."""

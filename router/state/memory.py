@@ -59,6 +59,9 @@ class MemoryStore(StateStore):
             if booking.keys:
                 self.record_residency(leg.instance, booking.keys)
 
+    def set_cap(self, instance: str, cap: int) -> None:
+        self._caps[instance] = cap
+
     def record_residency(self, instance: str, keys: Sequence[int]) -> None:
         cap = self._caps.get(instance, self._default_cap)
         self._residency.record(instance, keys, cap, self._clock())

@@ -208,6 +208,10 @@ class RedisStore(StateStore):
         if self._active.pop(booking.id, None) is not None:
             await self._best_effort("abandon", {"id": booking.id, "undo": undo})
 
+    def set_cap(self, instance: str, cap: int) -> None:
+        self._caps[instance] = cap  # sent with every booking: the shared index evicts by it too
+        self._mirror.set_cap(instance, cap)
+
     async def forget_instance(self, instance: str) -> None:
         await self._mirror.forget_instance(instance)
         await self._best_effort("forget", {"instance": instance})
