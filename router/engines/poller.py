@@ -26,7 +26,7 @@ from router.core.instances import Instance, InstancePool
 from router.engines.book import EngineBook
 from router.engines.external import external_load
 from router.engines.facts import EngineFacts, effective_config, parse_models, parse_server_info
-from router.engines.readings import parse_metrics
+from router.engines.readings import EngineReading, parse_metrics
 from router.state.base import Load, StateStore
 
 log = logging.getLogger(__name__)
@@ -81,27 +81,53 @@ class EnginePoller:
             return None
 
     # -- load ------------------------------------------------------------------------------
-    async def poll_metrics(self, inst: Instance) -> None:
+    async def _read_metrics(self, inst: Instance) -> EngineReading | None:
         raw = await self._get(f"{inst.url}/metrics")
+        if raw is None:
+            return None
         try:
-            reading = parse_metrics(raw.decode("utf-8", "replace")) if raw is not None else None
+            return parse_metrics(raw.decode("utf-8", "replace"))
         except ValueError:
-            reading = None
+            return None
+
+    async def _booked(self, ids: list[str]) -> dict[str, Load] | None:
+        try:
+            return dict((await self._store.snapshot([], ids)).loads)
+        except Exception as exc:  # the store is down: what is ours is unknown, so nothing counts as external
+            log.debug("no booked load: %s", exc)
+            return None
+
+    def _record(self, inst: Instance, reading: EngineReading | None,
+                before: dict[str, Load] | None, after: dict[str, Load] | None) -> None:
         if reading is None:
             self.book.scrape_failed(inst.id)
             return
-        # Booked load at (about) the moment of the scrape: what the engine counted of ours.
-        try:
-            booked = (await self._store.snapshot([], [inst.id])).loads.get(inst.id, Load())
-        except Exception as exc:  # the store is down: what is ours is unknown, so nothing is external
-            log.debug("no booked load for %s: %s", inst.id, exc)
-            booked = None
-        external = external_load(reading, booked, inst.config.cache_tokens) if booked is not None else Load()
+        external = Load()
+        if before is not None and after is not None:
+            # The engine counted our requests at some moment of the scrape: booked load is
+            # taken on both sides of it and the larger kept, so a request that finished (or
+            # began) meanwhile is not mistaken for someone else's.
+            a, b = before.get(inst.id, Load()), after.get(inst.id, Load())
+            booked = Load(max(a.requests, b.requests), max(a.prefill_tokens, b.prefill_tokens),
+                          max(a.kv_tokens, b.kv_tokens), max(a.transfers, b.transfers))
+            external = external_load(reading, booked, inst.config.cache_tokens)
         self.book.record_reading(inst.id, reading, external)
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)
         if updated != facts:
             self._apply(inst, updated)
+
+    async def poll_metrics(self, instances: list[Instance]) -> None:
+        """Scrape ``instances`` concurrently, between two reads of the load booked on them."""
+        ids = [i.id for i in instances]
+        before = await self._booked(ids)
+        readings = await asyncio.gather(*(self._read_metrics(i) for i in instances), return_exceptions=True)
+        after = await self._booked(ids)
+        for inst, reading in zip(instances, readings):
+            if isinstance(reading, BaseException):
+                log.error("reading engine %s failed", inst.id, exc_info=reading)
+                reading = None
+            self._record(inst, reading, before, after)
 
     # -- facts -----------------------------------------------------------------------------
     async def refresh_facts(self, inst: Instance) -> None:
@@ -167,7 +193,7 @@ class EnginePoller:
                 log.error("reading engine %s failed", inst.id, exc_info=result)
 
     async def poll_all(self) -> None:
-        await self._each(self._live(), self.poll_metrics)
+        await self.poll_metrics(self._live())
 
     async def refresh_all(self) -> None:
         await self._each(self._live(), self.refresh_facts)
@@ -184,7 +210,7 @@ class EnginePoller:
         except KeyError:
             return
         await self.refresh_facts(inst)
-        await self.poll_metrics(inst)
+        await self.poll_metrics([inst])
 
     async def run(self) -> None:
         """The background task (after ``start``): both loops, until cancelled."""
