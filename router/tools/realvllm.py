@@ -41,6 +41,7 @@ class VllmSpec:
     max_model_len: int = 4096
     max_num_seqs: int = 16
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()  # e.g. (("VLLM_SERVER_DEV_MODE", "1"),) for /reset_prefix_cache
 
 
 @dataclass
@@ -95,7 +96,7 @@ def start(python: str, model_dir: Path, spec: VllmSpec, log_dir: Path) -> VllmEn
     """Launch one engine (returns at once; see ``wait_ready``)."""
     log_path = log_dir / f"vllm-{spec.port}.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": ""}
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": "", **dict(spec.extra_env)}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command(python, model_dir, spec), stdout=log, stderr=subprocess.STDOUT,
                                    env=env, start_new_session=True)
