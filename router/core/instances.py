@@ -66,6 +66,7 @@ class InstancePool:
         self._health = config.health
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
         self._instances = {ic.id: Instance(ic, _candidate(ic, self._default_rate)) for ic in config.instances}
+        self.version = 0  # bumped whenever an instance's config changes or one joins or leaves (readers memoise on it)
 
     @property
     def disaggregated(self) -> bool:
@@ -82,6 +83,7 @@ class InstancePool:
         in (capacity, block size, KV dtype). The calibrated prefill rate is kept."""
         inst = self._instances[instance_id]
         inst.config = config
+        self.version += 1
         inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=config.cache_tokens, compat=config.compat)
 
     def compat_report(self) -> dict[str, str]:

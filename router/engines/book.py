@@ -34,6 +34,7 @@ class EngineBook:
         self._clock = clock
         self._entries: dict[str, EngineEntry] = {}
         self._external: dict[str, tuple[Load, float]] = {}  # only non-idle, for the hot path
+        self.generation = 0  # bumped whenever any instance's facts change (readers memoise on it)
 
     def entry(self, instance: str) -> EngineEntry:
         found = self._entries.get(instance)
@@ -46,7 +47,10 @@ class EngineBook:
         return found.facts if found is not None else None
 
     def set_facts(self, instance: str, facts: EngineFacts) -> None:
-        self.entry(instance).facts = facts
+        entry = self.entry(instance)
+        if entry.facts != facts:
+            entry.facts = facts
+            self.generation += 1
 
     def record_reading(self, instance: str, reading: EngineReading, external: Load) -> None:
         entry = self.entry(instance)
@@ -77,6 +81,7 @@ class EngineBook:
         for instance in [i for i in self._entries if i not in keep]:
             del self._entries[instance]
             self._external.pop(instance, None)
+            self.generation += 1
 
     def items(self) -> list[tuple[str, EngineEntry]]:
         return list(self._entries.items())

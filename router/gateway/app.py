@@ -97,7 +97,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
             if config.engines.poll:
                 await poller.start()
                 tasks.append(asyncio.create_task(poller.run(), name="pd-router-engines"))
-            admission = Admission(pool, book.facts, config.engines.text_bytes_per_token_max)
+            admission = Admission(pool, book, config.engines.text_bytes_per_token_max)
             app.state.service = RouterService(config, pool, store, policy, client, metrics, admission=admission)
             try:
                 yield

@@ -13,12 +13,13 @@ and max_tokens may not exceed it (prompt + max_tokens over it is clamped, not re
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from router.core.errors import RouterError
 from router.core.instances import Instance, InstancePool
-from router.engines.facts import EngineFacts, serves
+from router.engines.book import EngineBook
+from router.engines.facts import serves
 from router.request.prompt import ParsedRequest
 
 
@@ -49,40 +50,71 @@ def prompt_tokens_at_least(parsed: ParsedRequest, bytes_per_token_max: float) ->
     return 0
 
 
+@dataclass(frozen=True)
+class ModelView:
+    """What the pool and the engines say about one model name."""
+
+    found: bool  # some instance serves it, or may (its facts are unknown)
+    limit: int | None  # the largest max_model_len among them; None when any of them has none known
+    excluded: frozenset[str]  # instances known not to serve it
+
+
 class Admission:
-    def __init__(self, pool: InstancePool, facts: Callable[[str], EngineFacts | None], bytes_per_token_max: float) -> None:
+    """Per-model answers are memoised until the facts (book generation) or the pool (its
+    version) change, so a request costs a dict lookup, not a walk over every instance."""
+
+    _MEMO_MAX = 256  # model names come from clients: the memo must stay bounded
+
+    def __init__(self, pool: InstancePool, book: EngineBook, bytes_per_token_max: float) -> None:
         self._pool = pool
-        self._facts = facts
+        self._book = book
         self._bytes_per_token_max = bytes_per_token_max
+        self._memo: dict[str, ModelView] = {}
+        self._memo_key: tuple[int, int] | None = None
 
-    def serves(self, inst: Instance, model: str) -> bool:
-        """False only when it is known that ``inst`` does not serve ``model``."""
-        return serves(inst.config, self._facts(inst.id), model) is not False
-
-    def _limit(self, model: str) -> tuple[bool, int | None]:
-        """(any instance may serve ``model``, the largest max_model_len among them or None
-        when any of them has no known limit)."""
-        found, limits, empty = False, [], True
+    def _compute(self, model: str) -> ModelView:
+        found, limits, unknown_limit, excluded, empty = False, [], False, set(), True
         for inst in self._pool:
             empty = False
-            facts = self._facts(inst.id)
+            facts = self._book.facts(inst.id)
             known = serves(inst.config, facts, model)
             if known is False:
+                excluded.add(inst.id)
                 continue
             found = True
             limit = facts.models.get(model) if known and facts is not None and facts.models is not None else None
             if limit is None:
-                return True, None
-            limits.append(limit)
+                unknown_limit = True
+            else:
+                limits.append(limit)
         if empty:  # nothing discovered yet: not a fact about the model
-            return True, None
-        return found, (max(limits) if limits else None)
+            return ModelView(True, None, frozenset())
+        return ModelView(found, None if unknown_limit or not limits else max(limits), frozenset(excluded))
+
+    def view(self, model: str) -> ModelView:
+        key = (self._book.generation, self._pool.version)
+        if key != self._memo_key:
+            self._memo.clear()
+            self._memo_key = key
+        found = self._memo.get(model)
+        if found is None:
+            found = self._compute(model)
+            if len(self._memo) >= self._MEMO_MAX:
+                self._memo.clear()
+            self._memo[model] = found
+        return found
+
+    def usable(self, instances: list[Instance], model: str) -> list[Instance]:
+        """``instances`` without those known not to serve ``model``."""
+        excluded = self.view(model).excluded
+        return [i for i in instances if i.id not in excluded] if excluded else instances
 
     def check(self, parsed: ParsedRequest) -> None:
         """Raise the RouterError the engine would answer with, when that is certain."""
-        found, limit = self._limit(parsed.model)
-        if not found:
+        view = self.view(parsed.model)
+        if not view.found:
             raise RouterError(404, f"The model `{parsed.model}` does not exist.", code="model_not_found", param="model")
+        limit = view.limit
         if limit is None:
             return
         if parsed.max_tokens is not None and parsed.max_tokens > limit:

@@ -33,6 +33,7 @@ from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.upstream.relay import Outcome, RelayResponse, send_upstream, upstream_headers
 from router.request.keys import route_request
 from router.request.admission import Admission
+from router.engines.book import EngineBook
 from router.scheduling.decide import Routed, SLORejected, decide
 from router.state.base import StateStore
 
@@ -104,7 +105,7 @@ class RouterService:
         self.metrics = metrics
         self.calibrator = calibrator or Calibrator(config.calibration)
         self.rng = rng or random.SystemRandom()
-        self.admission = admission or Admission(pool, lambda _: None, config.engines.text_bytes_per_token_max)
+        self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
@@ -115,7 +116,7 @@ class RouterService:
 
     def candidates(self, model: str, tried: _Attempts) -> list[Instance]:
         roles = ("decode", "mixed") if tried.local_only else ("prefill", "decode", "mixed")
-        return [i for i in self.pool.healthy(roles, exclude=tried.exclude, model=model) if self.admission.serves(i, model)]
+        return self.admission.usable(self.pool.healthy(roles, exclude=tried.exclude, model=model), model)
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Any:
         try:

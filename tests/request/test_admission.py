@@ -9,6 +9,7 @@ import pytest
 from router.config.model import load_config
 from router.core.errors import RouterError
 from router.core.instances import InstancePool
+from router.engines.book import EngineBook
 from router.engines.facts import EngineFacts
 from router.request.admission import Admission, prompt_tokens_at_least
 from router.request.prompt import parse_body
@@ -18,8 +19,11 @@ def pool(*instances: dict) -> InstancePool:
     return InstancePool(load_config(overrides={"instances": list(instances)}))
 
 
-def admission(facts: dict[str, EngineFacts | None], *instances: dict) -> Admission:
-    return Admission(pool(*instances), facts.get, bytes_per_token_max=32)
+def admission(facts: dict[str, EngineFacts], *instances: dict) -> Admission:
+    book = EngineBook(stale_after_s=1.0)
+    for instance, known in facts.items():
+        book.set_facts(instance, known)
+    return Admission(pool(*instances), book, bytes_per_token_max=32)
 
 
 def completion(model: str = "m", prompt: object = "hello", **kw: object):
@@ -55,7 +59,8 @@ def test_unknown_model_is_404_when_every_instance_is_known() -> None:
 def test_an_instance_of_unknown_facts_may_serve_anything() -> None:
     adm = admission({"a": SERVES_M}, A, B)  # b never answered /v1/models
     adm.check(completion(model="nope"))
-    assert adm.serves(adm._pool.get("b"), "nope") and not adm.serves(adm._pool.get("a"), "nope")
+    everyone = list(adm._pool)
+    assert [i.id for i in adm.usable(everyone, "nope")] == ["b"] and adm.usable(everyone, "m") is everyone
 
 
 def test_config_model_is_the_override() -> None:
@@ -103,3 +108,25 @@ def test_lower_bound() -> None:
     assert prompt_tokens_at_least(completion(prompt=["ab" * 32, "a"]), 32) == 2
     assert prompt_tokens_at_least(completion(prompt=[1, 2, 3]), 32) == 3
     assert prompt_tokens_at_least(chat("é" * 64), 32) == 2
+
+
+def test_answers_follow_changing_facts_and_pool() -> None:
+    book = EngineBook(stale_after_s=1.0)
+    p = pool(A)
+    adm = Admission(p, book, bytes_per_token_max=32)
+    adm.check(completion(model="late"))  # nothing known yet
+    book.set_facts("a", SERVES_M)
+    assert refused(adm, completion(model="late")).status == 404
+    book.set_facts("a", EngineFacts(models={"m": 1000, "late": 50}))  # the engine loaded an adapter
+    adm.check(completion(model="late"))
+    assert refused(adm, completion(model="late", prompt=[1] * 50)).status == 400
+    p.apply_facts("a", p.get("a").config.model_copy(update={"model": "pinned"}))  # config now pins another model
+    assert refused(adm, completion(model="late")).status == 404
+
+
+def test_the_memo_stays_bounded() -> None:
+    adm = admission({"a": SERVES_M}, A)
+    for i in range(1000):
+        with pytest.raises(RouterError):
+            adm.check(completion(model=f"random-{i}"))
+    assert len(adm._memo) <= Admission._MEMO_MAX
