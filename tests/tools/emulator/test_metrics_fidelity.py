@@ -53,3 +53,17 @@ def test_model_list_has_the_fields_of_real_vllm(start_emulator: StartFn, client:
     mine = client.get(f"{emu.url}/v1/models").json()["data"][0]
     assert set(mine) == set(real)
     assert (mine["id"], mine["object"], mine["max_model_len"]) == ("tiny", "model", 4096)
+
+
+def test_context_length_rules_are_vllm_032s(start_emulator: StartFn, client: httpx.Client) -> None:
+    """As the real engine answered: prompt >= max_model_len and max_tokens > max_model_len are 400;
+    prompt + max_tokens over the limit is clamped (tests/realvllm checks the real one)."""
+    emu = start_emulator(model="tiny", max_model_len=512, cache_tokens=4096)
+    url = f"{emu.url}/v1/completions"
+    too_long = client.post(url, json={"model": "tiny", "prompt": [5] * 512, "max_tokens": 1})
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "input_tokens"
+    too_many = client.post(url, json={"model": "tiny", "prompt": [5] * 10, "max_tokens": 513})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "max_tokens"
+    clamped = client.post(url, json={"model": "tiny", "prompt": [5] * 500, "max_tokens": 100, "ignore_eos": True})
+    assert clamped.status_code == 200, clamped.text
+    assert clamped.json()["usage"]["completion_tokens"] == 12
