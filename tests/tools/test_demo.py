@@ -1,12 +1,24 @@
 """`pd-router demo` runs end to end, prints its table, exits 0 and leaves nothing behind."""
 
+import os
 import subprocess
 import sys
 
 
 def emulator_processes() -> set[str]:
+    """Emulators and routers started from this checkout (the machine may run other checkouts' tests)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return {line.split()[0] for line in out.splitlines() if "router.tools.emulator" in line or "router serve" in line}
+    here = os.getcwd()
+    found = set()
+    for line in out.splitlines():
+        if "router.tools.emulator" in line or "router serve" in line:
+            pid = line.split()[0]
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == here:
+                    found.add(pid)
+            except OSError:
+                continue  # gone already, or not ours to read
+    return found
 
 
 def test_demo_runs_and_cleans_up():
