@@ -64,6 +64,7 @@ class FakeBackend:
     set_cookie: str | None = None  # sent with every answer
     finished_at: list[float] = field(default_factory=list)
     die_after: int | None = None
+    models: tuple[str, ...] = ("m", "shared")  # listed by /v1/models (with model-<name>), as an engine serves them
 
     def app(self) -> Starlette:
         async def completion(request: Request):
@@ -102,7 +103,8 @@ class FakeBackend:
             return JSONResponse(answer, headers=cookie)
 
         async def models(request: Request):
-            return JSONResponse({"object": "list", "data": [{"id": f"model-{self.name}", "object": "model"}, {"id": "shared", "object": "model"}]})
+            ids = (f"model-{self.name}", *self.models)
+            return JSONResponse({"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
 
         async def health(request: Request):
             return JSONResponse({"ok": True})

@@ -100,3 +100,17 @@ def test_overhead_end_to_end_without_peers(capsys: pytest.CaptureFixture[str]) -
     assert overhead.main(["--peers", "--concurrency", "2", "--duration", "0.3", "--warmup", "0.1", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | direct |" in out and "| 2 | pd-router |" in out and "sglang" not in out
+
+
+def test_real_vllm_prediction_traffic_is_b2b_and_deterministic() -> None:
+    import argparse
+
+    from loadtests import real_vllm_prediction as rv
+
+    args = argparse.Namespace(tenants=4, requests=30, system_chars=900, question_chars=100, max_tokens=4, seed=3)
+    first, again = rv.bodies(args), rv.bodies(args)
+    assert first == again and len(first) == 30
+    systems = {b["messages"][0]["content"] for b in first}
+    assert 1 < len(systems) <= 4 and all(len(s) == 900 + len("Tenant 0 handbook. ") for s in systems)
+    assert all(b["model"] == "tiny" and b["stream_options"] == {"include_usage": True} for b in first)
+    assert len({b["messages"][1]["content"] for b in first}) == 30  # every question differs

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from router.config.discovery import DiscoveryConfig, ReloadConfig
+from router.config.engines import EnginesConfig
 
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
@@ -260,6 +261,7 @@ class RouterConfig(BaseSettings):
     server: ServerConfig = Field(default_factory=ServerConfig, description="the router's own HTTP server")
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig, description="instances found at run time (Kubernetes, DNS)")
     reload: ReloadConfig = Field(default_factory=ReloadConfig, description="live reload of the config file")
+    engines: EnginesConfig = Field(default_factory=EnginesConfig, description="what the router learns from the engines themselves (facts, load)")
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":

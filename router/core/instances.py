@@ -11,6 +11,7 @@ requests (``get``) but is never chosen again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,6 +50,7 @@ class Instance:
     source: str = STATIC
     draining: bool = False  # takes no new requests; those in flight finish
     factor: float = 1.0  # calibrated slowdown of the prefill rate
+    declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
 
     @property
     def id(self) -> str:
@@ -100,6 +102,7 @@ class InstancePool:
             ic.id: Instance(ic, _candidate(ic, self._default_rate)) for ic in config.instances
         }
         self._retired: OrderedDict[str, Instance] = OrderedDict()
+        self.version = 0  # bumped whenever an instance's config changes or one joins or leaves (readers memoise on it)
 
     def reconfigure(self, config: RouterConfig) -> None:
         """Take a new config's health thresholds and default prefill rate (calibration kept)."""
@@ -107,6 +110,7 @@ class InstancePool:
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
         for inst in self._instances.values():
             inst.candidate = _candidate(inst.config, self._default_rate, inst.factor)
+        self.version += 1
 
     # -- membership ----------------------------------------------------------------------
     def sync(self, source: str, configs: Sequence[InstanceConfig], *, healthy: bool = False) -> Change:
@@ -127,8 +131,8 @@ class InstancePool:
             new = wanted.get(inst.id)
             if new is None or new.url != inst.url:  # gone, or the same name elsewhere: a different cache
                 change.removed.append(self._remove(inst.id))
-            elif new != inst.config:
-                inst.config = new
+            elif new != (inst.declared or inst.config):  # facts the engine reported are not a change
+                inst.config, inst.declared = new, None
                 inst.candidate = _candidate(new, self._default_rate, inst.factor)
                 change.updated.append(inst)
         for instance_id, ic in wanted.items():
@@ -143,6 +147,8 @@ class InstancePool:
             log.info("instance %s (%s) removed by %s", inst.id, inst.url, source)
         for instance_id, why in change.refused.items():
             log.warning("instance %s from %s refused: %s", instance_id, source, why)
+        if change:
+            self.version += 1
         return change
 
     def _remove(self, instance_id: str) -> Instance:
@@ -159,6 +165,7 @@ class InstancePool:
         inst = self._instances[instance_id]
         if inst.draining != draining:
             inst.draining = draining
+            self.version += 1
             log.info("instance %s %s", instance_id, "draining: no new requests" if draining else "takes requests again")
         return inst
 
@@ -174,6 +181,15 @@ class InstancePool:
         if inst is not None:
             inst.factor = factor
             inst.candidate = _candidate(inst.config, self._default_rate, factor)
+
+    def apply_facts(self, instance_id: str, config: InstanceConfig) -> None:
+        """From now on use ``config``: the configured one with engine-reported facts filled
+        in (capacity, block size, KV dtype). The calibrated prefill rate is kept."""
+        inst = self._instances[instance_id]
+        inst.declared = inst.declared or inst.config
+        inst.config = config
+        self.version += 1
+        inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=config.cache_tokens, compat=config.compat)
 
     def compat_report(self) -> dict[str, str]:
         """Instances that can never be paired, with the reason (empty when all can)."""

@@ -23,11 +23,16 @@ from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
+from router.engines.book import EngineBook
+from router.engines.exported import EngineCollector
+from router.engines.external import ExternalLoadPolicy
+from router.engines.poller import EnginePoller
 from router.gateway.errors import install_error_handlers
 from router.gateway.explain import explain
+from router.request.admission import Admission
 from router.request.lifecycle import Hook
 from router.request.service import RouterService
-from router.scheduling import build_policy
+from router.scheduling import Policy, build_policy
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
 from router.upstream.client import Upstream
@@ -70,7 +75,14 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(store))
-    policy = build_policy(config.policy, config.pd if pool.disaggregated else None)
+    book = EngineBook(config.engines.stale_after_s or 0.0)  # what the engines report, read by the request path
+
+    def make_policy(cfg: RouterConfig, disaggregated: bool) -> Policy:
+        """The policy for ``cfg``, seeing booked plus engine-reported load (rebuilt live on changes)."""
+        return ExternalLoadPolicy(build_policy(cfg.policy, cfg.pd if disaggregated else None), book.external_loads)
+
+    policy = make_policy(config, pool.disaggregated)
+    metrics.registry.register(EngineCollector(book))
     for instance_id, problem in pool.compat_report().items():
         log.warning("instance %s can never be paired: %s", instance_id, problem)
 
@@ -80,19 +92,33 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         upstream = Upstream.open(config.proxy.max_connections, config.proxy.request_timeout_s)
         try:
             await store.start()
-            checker = HealthChecker(pool, upstream.client, config.health, store.forget_instance)
+            poller = EnginePoller(config, pool, store, upstream.client, book)
+
+            async def recovered(instance_id: str) -> None:
+                await store.forget_instance(instance_id)
+                if config.engines.poll:
+                    await poller.on_recovered(instance_id)
+
+            checker = HealthChecker(pool, upstream.client, config.health, recovered)
             await checker.check_all()
-            task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks)
-            app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions())
+            tasks = [asyncio.create_task(checker.run(), name="pd-router-health")]
+            if config.engines.poll:
+                await poller.start()
+                tasks.append(asyncio.create_task(poller.run(), name="pd-router-engines"))
+            admission = Admission(pool, book, config.engines.text_bytes_per_token_max)
+            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks,
+                                              admission=admission)
+            app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions(),
+                                  make_policy=make_policy)
             await app.state.live.start()
             try:
                 yield
             finally:
                 await app.state.live.stop()
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                for task in tasks:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await store.close()
         finally:
             await upstream.aclose()
@@ -102,6 +128,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     app.state.pool = pool
     app.state.store = store
     app.state.metrics = metrics
+    app.state.engines = book
 
     install_error_handlers(app, config.health.retry_after_s)
 
@@ -181,7 +208,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                  "compat": dict(zip(("model", "kv_dtype", "block_size", "flavor"), i.config.compat)),
                  "unpairable": unpairable.get(i.id), "calibration_factor": calibrator.factor(i.id),
                  "prefill_tokens_per_s": i.candidate.prefill_tokens_per_s,
-                 "load": dataclasses.asdict(snap.loads[i.id])}
+                 "load": dataclasses.asdict(snap.loads[i.id]), "engine": book.describe(i.id)}
                 for i in pool
             ],
         }

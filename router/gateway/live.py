@@ -19,7 +19,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from router.core.instances import STATIC, Change, Instance, InstancePool
 from router.core.metrics import Metrics
 from router.discovery import start_sources
 from router.request.service import RouterService
-from router.scheduling import build_policy, check_config
+from router.scheduling import Policy, build_policy, check_config
 from router.state.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -58,10 +58,16 @@ def _fingerprint(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _plain_policy(config: RouterConfig, disaggregated: bool) -> Policy:
+    return build_policy(config.policy, config.pd if disaggregated else None)
+
+
 class Live:
     def __init__(self, config: RouterConfig, pool: InstancePool, store: StateStore, checker: HealthChecker,
-                 service: RouterService, metrics: Metrics, options: LiveOptions) -> None:
+                 service: RouterService, metrics: Metrics, options: LiveOptions,
+                 make_policy: Callable[[RouterConfig, bool], Policy] | None = None) -> None:
         self.config = config
+        self._make_policy = make_policy or _plain_policy
         self.pool = pool
         self.store = store
         self.checker = checker
@@ -206,7 +212,7 @@ class Live:
 
     def _rebuild_policy(self) -> None:
         disaggregated = self.pool.disaggregated
-        self.service.policy = build_policy(self.config.policy, self.config.pd if disaggregated else None)
+        self.service.policy = self._make_policy(self.config, disaggregated)
         if disaggregated != self._disaggregated:
             log.info("cluster is now %s: policy %s rebuilt", "disaggregated (has prefill instances)" if disaggregated
                      else "colocated", self.service.policy.name)

@@ -36,12 +36,14 @@ from router.core.metrics import Metrics
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried
 from router.request.hooks import standard_hooks
 from router.request.keys import route_request
+from router.request.admission import Admission
 from router.request.lifecycle import Abandon, Attempt, Hook, Lifecycle
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
 from router.scheduling.framework import Policy
+from router.engines.book import EngineBook
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
@@ -107,6 +109,7 @@ class RouterService:
         calibrator: Calibrator | None = None,
         rng: random.Random | None = None,
         hooks: Sequence[Hook] = (),
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -117,6 +120,7 @@ class RouterService:
         self.calibrator = calibrator or Calibrator(config.calibration)
         self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), *hooks])
         self.rng = rng or random.SystemRandom()
+        self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
@@ -129,7 +133,7 @@ class RouterService:
         """The healthy instances that may take a request for ``model``, less what ``tried`` ruled out."""
         tried = tried or Tried()
         roles = ("decode", "mixed") if tried.local_only else ("prefill", "decode", "mixed")
-        return self.pool.healthy(roles, exclude=tried.exclude, model=model)
+        return self.admission.usable(self.pool.healthy(roles, exclude=tried.exclude, model=model), model)
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Response:
         try:
@@ -142,6 +146,7 @@ class RouterService:
         raw = await read_body(request, self.config.proxy.max_body_bytes)
         parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
         slo = request_slo(request, self.config.pd.ttft_slo_s)
+        self.admission.check(parsed)  # unknown model 404, over-long prompt 400: what the engine would answer
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)

@@ -118,7 +118,8 @@ class StateStore(abc.ABC):
         """Drop an instance's residency (it restarted or left): its cache is gone."""
 
     def set_capacity(self, instance: str, cap: int) -> None:
-        """Residency entries to keep for an instance that joined after start (discovery, admin)."""
+        """Keep at most ``cap`` residency entries for ``instance`` from now on: one that joined
+        after start (discovery, admin), or whose engine reported its real capacity."""
 
     async def drop_instance(self, instance: str) -> None:
         """An instance left for good: drop its residency and its booked load (requests still

@@ -213,7 +213,7 @@ class RedisStore(StateStore):
         await self._best_effort("forget", {"instance": instance})
 
     def set_capacity(self, instance: str, cap: int) -> None:
-        self._caps[instance] = cap
+        self._caps[instance] = cap  # sent with every booking: the shared index evicts by it too
         self._mirror.set_capacity(instance, cap)
 
     async def drop_instance(self, instance: str) -> None:

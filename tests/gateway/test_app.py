@@ -153,7 +153,7 @@ def test_dead_instance_is_skipped_and_models_survive_it():
             assert httpx.post(f"{url}/v1/completions", json=completion(i, shared=f"p{i}" * 300)).status_code == 200
         assert len(a.received) == 6 and not app.state.pool.get("dead").healthy
         models = httpx.get(f"{url}/v1/models").json()
-        assert {m["id"] for m in models["data"]} == {"model-a", "shared"}
+        assert {m["id"] for m in models["data"]} == {"model-a", "m", "shared"}
 
 
 def test_upstream_errors_pass_through_and_503_is_retried_elsewhere():

@@ -61,6 +61,7 @@ async def server_info(request: Request) -> Response:
         "disaggregation_transfer_backend": "emulator",
         "page_size": e.kv.block_size,
         "max_total_num_tokens": e.kv.num_blocks * e.kv.block_size,
+        "kv_cache_dtype": "auto",
         "chunked_prefill_size": e.config.max_batched_tokens,
         "max_running_requests": e.config.max_num_seqs,
         "context_length": rt.max_model_len,

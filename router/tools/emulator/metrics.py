@@ -1,5 +1,10 @@
 """Prometheus metrics with the real engines' names, in a per-app registry.
 
+vLLM's are checked against vLLM 0.32's own output (tests/fixtures/vllm-0.32-metrics.txt):
+the same names, an ``engine`` label beside ``model_name``, counters with ``_total``,
+``vllm:cache_config_info`` with its geometry labels; the older ``vllm:gpu_*`` names are
+gone there, so they are gone here.
+
 Why per-app: several emulators run inside one test process; a global
 registry would mix their numbers (and refuse duplicate names). Gauges and
 counters are computed from the engine when scraped, so the hot path pays
@@ -45,14 +50,21 @@ class _EngineCollector(Collector):
         else:
             yield from self._sglang()
 
+    def _labels(self) -> tuple[list[str], list[str]]:
+        if self._flavor == "vllm":  # one series per data-parallel engine; the emulator is engine 0
+            return ["engine", "model_name"], ["0", self._model]
+        return ["model_name"], [self._model]
+
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=["model_name"])
-        family.add_metric([self._model], value)
+        names, values = self._labels()
+        family = GaugeMetricFamily(name, doc, labels=names)
+        family.add_metric(values, value)
         return family
 
     def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=["model_name"])
-        family.add_metric([self._model], value)
+        names, values = self._labels()
+        family = CounterMetricFamily(name, doc, labels=names)
+        family.add_metric(values, value)
         return family
 
     def _vllm(self) -> Iterator[Metric]:
@@ -64,8 +76,6 @@ class _EngineCollector(Collector):
                           e.num_waiting)
         yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = 100%).",
                           e.kv.usage)
-        yield self._gauge("vllm:gpu_cache_usage_perc", "Older name of kv_cache_usage_perc.",
-                          e.kv.usage)
         yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the "
                             "prefix cache.", c.prompt_tokens)
         yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix "
@@ -74,12 +84,16 @@ class _EngineCollector(Collector):
         yield self._counter("vllm:generation_tokens", "Tokens generated.", c.generated_tokens)
         yield self._counter("vllm:num_preemptions", "Preemptions (never: KV is reserved).", 0)
         success = CounterMetricFamily("vllm:request_success", "Finished requests.",
-                                      labels=["model_name", "finished_reason"])
-        success.add_metric([self._model, "length"], c.requests_finished)
+                                      labels=["engine", "finished_reason", "model_name"])
+        success.add_metric(["0", "length", self._model], c.requests_finished)
         yield success
-        info = GaugeMetricFamily("vllm:cache_config_info", "KV cache configuration.",
-                                 labels=sorted(self._cache_labels))
-        info.add_metric([self._cache_labels[k] for k in sorted(self._cache_labels)], 1.0)
+        block, blocks = int(self._cache_labels["block_size"]), int(self._cache_labels["num_gpu_blocks"])
+        labels = {"engine": "0", "kv_cache_size_tokens": str(block * blocks), "num_cpu_blocks": "None",
+                  "num_gpu_blocks_override": "None", "prefix_caching_hash_algo": "xxhash",
+                  **self._cache_labels}
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=sorted(labels))
+        info.add_metric([labels[k] for k in sorted(labels)], 1.0)
         yield info
 
     def _sglang(self) -> Iterator[Metric]:
@@ -100,8 +114,11 @@ class _EngineCollector(Collector):
         yield self._counter("sglang:cached_tokens", "Prompt tokens served from cache.",
                             c.cached_tokens)
         yield self._counter("sglang:num_requests", "Finished requests.", c.requests_finished)
+        yield self._gauge("sglang:max_total_num_tokens", "KV cache capacity in tokens.",
+                          e.kv.num_blocks * e.kv.block_size)
         info = InfoMetricFamily("sglang:cache_config", "KV cache configuration.")
-        info.add_metric([], self._cache_labels)
+        info.add_metric([], {"page_size": str(e.kv.block_size), "num_pages": str(e.kv.num_blocks),
+                             "kv_cache_dtype": self._cache_labels.get("cache_dtype", "auto")})
         yield info
 
 
@@ -113,14 +130,15 @@ class EngineMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(flavor, model, engine, cache_labels))
         prefix = "vllm" if flavor == "vllm" else "sglang"
+        names, values = (["engine", "model_name"], ["0", model]) if flavor == "vllm" else (["model_name"], [model])
         self._ttft = Histogram(f"{prefix}:time_to_first_token_seconds",
                                "Time to first token (wall seconds at this server).",
-                               labelnames=["model_name"], buckets=_TTFT_BUCKETS,
-                               registry=self.registry).labels(model)
+                               labelnames=names, buckets=_TTFT_BUCKETS,
+                               registry=self.registry).labels(*values)
         self._e2e = Histogram(f"{prefix}:e2e_request_latency_seconds",
                               "Request latency (wall seconds at this server).",
-                              labelnames=["model_name"], buckets=_E2E_BUCKETS,
-                              registry=self.registry).labels(model)
+                              labelnames=names, buckets=_E2E_BUCKETS,
+                              registry=self.registry).labels(*values)
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

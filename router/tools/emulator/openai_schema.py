@@ -196,12 +196,17 @@ def parse_generation(body: object, kind: Literal["completion", "chat"],
         if not isinstance(options, Mapping):
             raise bad_request("stream_options must be an object", "stream_options")
         include_usage = bool(options.get("include_usage", False))
+    # vLLM 0.32's rules: max_tokens above max_model_len and a prompt that leaves no room
+    # for one output token are refused; a sum over the limit is clamped, not refused.
+    if max_tokens > limits.max_model_len:
+        raise bad_request(f"max_tokens={max_tokens} cannot be greater than "
+                          f"max_model_len={limits.max_model_len}.", "max_tokens")
     for prompt in prompts:
-        if len(prompt) + max_tokens > limits.max_model_len:
+        if len(prompt) >= limits.max_model_len:
             raise bad_request(
-                f"This model's maximum context length is {limits.max_model_len} tokens, "
-                f"but {len(prompt) + max_tokens} were requested ({len(prompt)} in the "
-                f"prompt, {max_tokens} for the completion).", "max_tokens")
+                f"This model's maximum context length is {limits.max_model_len} tokens. "
+                f"However, your prompt contains {len(prompt)} input tokens.", "input_tokens")
+        max_tokens = min(max_tokens, limits.max_model_len - len(prompt))
     params = body.get("kv_transfer_params")
     if params is not None and not isinstance(params, Mapping):
         raise bad_request("kv_transfer_params must be an object", "kv_transfer_params")

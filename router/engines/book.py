@@ -1,0 +1,102 @@
+"""What the router currently knows about each engine, in memory, read without I/O.
+
+The poller writes it; the request path (admission: 404/400), the policy (external load)
+and /metrics read it. Bounded: one entry per instance the pool holds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from router.engines.facts import EngineFacts
+from router.engines.readings import EngineReading
+from router.state.base import Load
+
+_IDLE = Load()
+
+
+@dataclass
+class EngineEntry:
+    facts: EngineFacts = field(default_factory=EngineFacts)
+    reading: EngineReading | None = None
+    read_at: float | None = None  # clock() of the last good scrape
+    external: Load = _IDLE
+    scrape_errors: int = 0
+    facts_errors: int = 0
+
+
+class EngineBook:
+    def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stale_after_s = stale_after_s
+        self._clock = clock
+        self._entries: dict[str, EngineEntry] = {}
+        self._external: dict[str, tuple[Load, float]] = {}  # only non-idle, for the hot path
+        self.generation = 0  # bumped whenever any instance's facts change (readers memoise on it)
+
+    def entry(self, instance: str) -> EngineEntry:
+        found = self._entries.get(instance)
+        if found is None:
+            found = self._entries[instance] = EngineEntry()
+        return found
+
+    def facts(self, instance: str) -> EngineFacts | None:
+        found = self._entries.get(instance)
+        return found.facts if found is not None else None
+
+    def set_facts(self, instance: str, facts: EngineFacts) -> None:
+        entry = self.entry(instance)
+        if entry.facts != facts:
+            entry.facts = facts
+            self.generation += 1
+
+    def record_reading(self, instance: str, reading: EngineReading, external: Load) -> None:
+        entry = self.entry(instance)
+        now = self._clock()
+        entry.reading, entry.read_at, entry.external = reading, now, external
+        if external == _IDLE:
+            self._external.pop(instance, None)
+        else:
+            self._external[instance] = (external, now)
+
+    def scrape_failed(self, instance: str) -> None:
+        """An engine whose /metrics fails has no external load (rather than a stale one)."""
+        entry = self.entry(instance)
+        entry.scrape_errors += 1
+        entry.external = _IDLE
+        self._external.pop(instance, None)
+
+    def external_loads(self) -> dict[str, Load]:
+        """Fresh external load per instance that has any (usually none: one dict check)."""
+        if not self._external:
+            return {}
+        cutoff = self._clock() - self._stale_after_s
+        return {i: load for i, (load, at) in self._external.items() if at >= cutoff}
+
+    def retain(self, instances: Iterable[str]) -> None:
+        """Forget instances that left the pool (memory stays bounded by the pool)."""
+        keep = set(instances)
+        for instance in [i for i in self._entries if i not in keep]:
+            del self._entries[instance]
+            self._external.pop(instance, None)
+            self.generation += 1
+
+    def items(self) -> list[tuple[str, EngineEntry]]:
+        return list(self._entries.items())
+
+    def describe(self, instance: str) -> dict[str, Any]:
+        """A JSON-able view for /debug."""
+        entry = self._entries.get(instance) or EngineEntry()
+        facts = entry.facts
+        return {
+            "models": dict(facts.models) if facts.models is not None else None,
+            "block_size": facts.block_size,
+            "capacity_tokens": facts.capacity_tokens,
+            "kv_dtype": facts.kv_dtype,
+            "reading": asdict(entry.reading) if entry.reading is not None else None,
+            "external_load": asdict(entry.external),
+            "scrape_errors": entry.scrape_errors,
+            "facts_errors": entry.facts_errors,
+        }

