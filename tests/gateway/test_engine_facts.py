@@ -66,8 +66,8 @@ def test_debug_and_metrics_show_what_the_engines_said() -> None:
         httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hello " * 200, "max_tokens": 2})
         time.sleep(0.1)
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'pd_router_engine_cache_capacity_tokens{instance="e0"} 8192.0' in metrics
-        assert 'pd_router_engine_kv_usage{instance="e0"}' in metrics
+        assert 'pd_router_engine_cache_capacity_tokens{engine="e0"} 8192.0' in metrics
+        assert 'pd_router_engine_kv_usage{engine="e0"}' in metrics
 
 
 def test_facts_are_read_when_an_instance_comes_back() -> None:
@@ -103,7 +103,7 @@ def test_a_busy_engine_is_avoided_when_its_load_came_from_elsewhere() -> None:
         for t in threads:
             t.start()
         deadline = time.monotonic() + 20
-        pattern = f'pd_router_engine_external_load{{instance="e{cached_on}",kind="prefill_tokens"}}'
+        pattern = f'pd_router_engine_external_load{{engine="e{cached_on}",kind="prefill_tokens"}}'
         while True:
             metrics = httpx.get(f"{url}/metrics").text
             line = next((ln for ln in metrics.splitlines() if ln.startswith(pattern)), None)
