@@ -11,7 +11,9 @@ are hooks on the attempt's lifecycle (router/request/lifecycle.py, hooks.py).
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import random
 import uuid
 from collections.abc import Sequence
@@ -77,7 +79,7 @@ def request_slo(request: Request, default: float | None) -> float | None:
         value = float(raw) / 1000
     except ValueError:
         raise InvalidRequest("header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:  # nan compares false with everything: it would disable the check
         raise InvalidRequest("header x-ttft-slo-ms must be positive", code="invalid_header")
     return value
 
@@ -141,6 +143,8 @@ class RouterService:
     async def _serve(self, request: Request, endpoint: Endpoint) -> Response:
         raw = await read_body(request, self.config.proxy.max_body_bytes)
         parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
+        if parsed.stripped:  # the client's PD control fields never reach an engine
+            raw = json.dumps(parsed.body).encode()
         slo = request_slo(request, self.config.pd.ttft_slo_s)
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
