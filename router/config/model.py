@@ -230,6 +230,10 @@ class ProxyConfig(_Strict):
     max_connections: int = Field(default=1000, ge=1, description="connections to engines, in all (fixed at start)")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body accepted (413 above)")
     retries: int = Field(default=2, ge=0, le=10, description="attempts on another instance before the first byte")
+    first_byte_timeout_s: float = Field(default=60.0, gt=0, description="per try: a stream's headers and first chunk must come "
+                                        "within this, or the request is retried elsewhere (a JSON answer's first byte is its last: "
+                                        "request_timeout_s bounds it)")
+    idle_timeout_s: float = Field(default=60.0, gt=0, description="longest gap between two chunks of a stream")
 
 
 class HealthConfig(_Strict):
@@ -238,6 +242,11 @@ class HealthConfig(_Strict):
     failures_to_unhealthy: int = Field(default=2, ge=1, description="consecutive failures that take an instance out")
     successes_to_healthy: int = Field(default=1, ge=1, description="consecutive successes that bring it back")
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 when nothing is healthy")
+    outlier_failures: int = Field(default=3, ge=1, description="consecutive failures seen while proxying (resets, timeouts, "
+                                  "mid-stream deaths, 5xx but a busy 503) that eject an instance")
+    outlier_base_ejection_s: float = Field(default=5.0, gt=0, description="first ejection time; each ejection in a row adds as much")
+    outlier_max_ejection_s: float = Field(default=300.0, gt=0, description="longest ejection")
+    outlier_max_ejected_percent: float = Field(default=50.0, ge=0, le=100, description="never eject beyond this share of the instances")
 
 
 class ServerConfig(_Strict):

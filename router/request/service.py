@@ -11,6 +11,7 @@ are hooks on the attempt's lifecycle (router/request/lifecycle.py, hooks.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -19,8 +20,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import httpx
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.config.model import RouterConfig
@@ -43,11 +45,11 @@ from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
-from router.scheduling.framework import Policy
+from router.scheduling.framework import Policy, RouteRequest
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, upstream_headers
+from router.upstream.relay import RelayResponse, returned_pairs, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,11 @@ class RouterService:
         self.rng = rng or random.SystemRandom()
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
-        self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
+        self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)  # a JSON answer comes whole
+        # A stream's reads are bounded here instead: its first chunk by first_byte_timeout_s (per
+        # try, headers included), each later one by idle_timeout_s (router/upstream/relay.py).
+        self.stream_timeout = httpx.Timeout(connect=p.connect_timeout_s, read=None, write=p.request_timeout_s,
+                                            pool=p.request_timeout_s)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -136,6 +142,9 @@ class RouterService:
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Response:
         try:
             return await self._serve(request, endpoint)
+        except ClientDisconnect:  # gone while sending its body: nothing was booked, nobody to answer
+            log.info("request %s: client_disconnect while sending its body", assign_request_id(request.scope))
+            return Response(status_code=499)
         except RouterError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             raise
@@ -150,6 +159,28 @@ class RouterService:
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         tried = Tried()
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch_disconnect() -> None:  # until the answer starts, a gone client cancels the attempt
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tried.disconnected = True
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        try:
+            return await self._route(req, endpoint, parsed, raw, headers, request_id, tried, slo)
+        except asyncio.CancelledError:
+            if not tried.disconnected or task.uncancel() > 0:  # cancelled from outside, not by the watcher
+                raise
+            log.info("request %s: client_disconnect before the answer: upstream request cancelled", request_id)
+            return Response(status_code=499)
+        finally:
+            watcher.cancel()
+
+    async def _route(self, req: RouteRequest, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes,
+                     headers: dict[str, str], request_id: str, tried: Tried, slo: float | None) -> Response:
         for _ in range(self.config.proxy.retries + self.config.pd.prefill_retries + 2):
             candidates = self.candidates(parsed.model, tried)
             tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
@@ -176,20 +207,28 @@ class RouterService:
         await self.lifecycle.before_send(attempt)
         try:
             if prefill is None:
-                return await self._colocated(attempt, PATHS[endpoint], raw, headers, tried)
+                return await self._colocated(attempt, PATHS[endpoint], raw, headers, tried, parsed.stream)
             return await self._disaggregated(attempt, PATHS[endpoint], parsed, headers, tried)
         except BaseException as exc:  # a RouterError to answer, or the unforeseen: nothing stays booked
-            code = exc.code if isinstance(exc, RouterError) else type(exc).__name__
-            await self.lifecycle.abandon(attempt, Abandon("failed", code, (prefill or attempt.instance).id))
+            if isinstance(exc, asyncio.CancelledError) and tried.disconnected:
+                why = Abandon("client_disconnect", "client_disconnect", attempt.instance.id)
+            else:
+                code = exc.code if isinstance(exc, RouterError) else type(exc).__name__
+                why = Abandon("failed", code, (prefill or attempt.instance).id)
+            await self.lifecycle.abandon(attempt, why)
             raise
 
-    async def _colocated(self, attempt: Attempt, path: str, raw: bytes, headers: dict[str, str], tried: Tried) -> AttemptOutcome:
+    async def _colocated(self, attempt: Attempt, path: str, raw: bytes, headers: dict[str, str], tried: Tried,
+                         stream: bool) -> AttemptOutcome:
         inst = attempt.instance
         try:
-            upstream = await self.upstream.send(inst.url + path, raw, headers, self.timeout)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if stream else None):
+                upstream = await self.upstream.send(inst.url + path, raw, headers, self.stream_timeout if stream else self.timeout)
+                return await self._respond(upstream, attempt, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, inst, exc)
-        return await self._respond(upstream, attempt, tried)
+        except TimeoutError:
+            return await self._unreachable(attempt, inst, httpx.ReadTimeout("no first byte within first_byte_timeout_s"))
 
     async def _disaggregated(self, attempt: Attempt, path: str, parsed: ParsedRequest, headers: dict[str, str],
                              tried: Tried) -> AttemptOutcome:
@@ -197,21 +236,27 @@ class RouterService:
         assert prefill is not None
         legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background)
         try:
-            if decode.config.flavor == "sglang":
-                result = await run_sglang(legs, parsed.body, self.rng)
-            else:
-                result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if parsed.stream else None):
+                if decode.config.flavor == "sglang":
+                    result = await run_sglang(legs, parsed.body, self.rng)
+                else:
+                    result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
+                if result.missing_kv_params:
+                    self.metrics.pd_failures.labels(prefill.id, "no_kv_transfer_params").inc()
+                attempt.prefill_s = result.prefill_s
+                return await self._respond(result.decode, attempt, tried)
         except PrefillFailed as exc:
             return await self._prefill_failed(attempt, prefill, exc, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, decode, exc)
-        if result.missing_kv_params:
-            self.metrics.pd_failures.labels(prefill.id, "no_kv_transfer_params").inc()
-        attempt.prefill_s = result.prefill_s
-        return await self._respond(result.decode, attempt, tried)
+        except TimeoutError:
+            return await self._unreachable(attempt, decode, httpx.ReadTimeout("no first byte within first_byte_timeout_s"))
 
     async def _unreachable(self, attempt: Attempt, inst: Instance, exc: httpx.TransportError) -> Retry:
-        self.pool.record_failure(inst.id, fatal=isinstance(exc, httpx.ConnectError))
+        refused = isinstance(exc, httpx.ConnectError)
+        self.pool.passive_failure(inst.id, fatal=refused)
+        if refused:  # nothing listens there: as definite as a failed check, and only a passing check undoes it
+            self.pool.record_failure(inst.id, fatal=True)
         reason = type(exc).__name__
         await self.lifecycle.abandon(attempt, Abandon("retry", reason, inst.id))
         return Retry(reason, exclude=inst.id, failure=transport_failure(inst.id, exc))
@@ -221,7 +266,7 @@ class RouterService:
             self.metrics.pd_failures.labels(prefill.id, "passed_to_client").inc()
             await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{exc.response.status_code}", prefill.id))
             return Served(exc.response)
-        self.pool.record_failure(prefill.id, fatal=exc.fatal)
+        self.pool.passive_failure(prefill.id, fatal=exc.fatal)
         failure = UpstreamFailure(f"prefill failed on {prefill.id}: {exc}", code="prefill_failed")
         local_only = False
         if tried.prefill_failures + 1 <= self.config.pd.prefill_retries:
@@ -238,16 +283,45 @@ class RouterService:
 
     async def _respond(self, upstream: httpx.Response, attempt: Attempt, tried: Tried) -> AttemptOutcome:
         inst, status = attempt.instance, upstream.status_code
+        if 300 <= status < 400:  # an engine never redirects: a misconfigured URL, or not an engine at all
+            await upstream.aclose()
+            return await self._failed_early(attempt, str(status), UpstreamFailure(f"instance {inst.id} answered a redirect ({status})"))
         if status in RETRY_STATUSES and tried.candidates > 1 and len(tried.exclude) < self.config.proxy.retries:
             await upstream.aclose()
-            self.pool.record_failure(inst.id)
+            if status != 503:  # 503 is an engine saying it is busy: no fault of its own
+                self.pool.passive_failure(inst.id)
             await self.lifecycle.abandon(attempt, Abandon("retry", str(status), inst.id))
             return Retry(str(status), exclude=inst.id, failure=RETRY_STATUSES[status](f"instance {inst.id} answered {status}"))
         if status >= 400:
             return Served(await self._pass_error(upstream, attempt))
-        self.pool.record_success(inst.id)
         attempt.streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-        return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt)))
+        try:  # until the first chunk (a stream) or the whole body (JSON) is here, another instance can still answer
+            if attempt.streaming:
+                chunks = upstream.aiter_raw()
+                first = await anext(chunks, b"")
+            else:
+                body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            await upstream.aclose()
+            reason = type(exc).__name__
+            return await self._failed_early(attempt, reason, UpstreamFailure(
+                f"instance {inst.id} failed before its answer was complete ({reason})"))
+        except BaseException:
+            await upstream.aclose()
+            raise
+        await self.lifecycle.first_byte(attempt)
+        if attempt.streaming:
+            return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
+                                        self.config.proxy.idle_timeout_s))
+        with anyio.CancelScope(shield=True):
+            await self.lifecycle.end(attempt, "ok")
+        return Served(Response(body, status_code=status, headers=dict(returned_pairs(upstream))))
+
+    async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:
+        """The instance failed before anything reached the client: it counts against it, the next attempt goes elsewhere."""
+        self.pool.passive_failure(attempt.instance.id)
+        await self.lifecycle.abandon(attempt, Abandon("retry", reason, attempt.instance.id))
+        return Retry(reason, exclude=attempt.instance.id, failure=failure)
 
     async def _pass_error(self, upstream: httpx.Response, attempt: Attempt) -> Response:
         """Upstream status and error body go back unchanged; nothing stays booked."""
@@ -258,7 +332,7 @@ class RouterService:
             raise UpstreamFailure(f"instance {inst.id} answered {status}, then failed sending the body") from None
         finally:
             await upstream.aclose()
-            if status >= 500:
-                self.pool.record_failure(inst.id)
+            if status >= 500 and status != 503:
+                self.pool.passive_failure(inst.id)
         await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{status}", inst.id))
         return Response(body, status_code=status, media_type=upstream.headers.get("content-type", "application/json"))

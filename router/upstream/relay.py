@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Literal, Protocol
 
 import anyio
@@ -54,18 +54,28 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
+def returned_pairs(upstream: httpx.Response) -> list[tuple[str, str]]:
+    return [(k, upstream.headers[k]) for k in _RETURNED if k in upstream.headers]
+
+
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), upstream.headers[k].encode()) for k in _RETURNED if k in upstream.headers]
+    return [(k.encode(), v.encode()) for k, v in returned_pairs(upstream)]
 
 
 class RelayResponse(Response):
-    """An ASGI response that streams an upstream httpx response to the client.
+    """An ASGI response that streams an upstream event stream to the client.
 
-    ``request_id`` only names the request in log lines."""
+    Its headers are held until the first upstream chunk arrived (the caller reads ``first``,
+    so that a failure before it is still retried elsewhere); ``chunks`` yields the rest, each
+    within ``idle_timeout_s`` of the previous one. ``request_id`` only names the request in
+    log lines. A JSON answer is read whole by the caller instead: a body cut short must never
+    reach the client as a success."""
 
-    def __init__(self, upstream: httpx.Response, request_id: str, observer: RelayObserver) -> None:
+    def __init__(self, upstream: httpx.Response, request_id: str, observer: RelayObserver, first: bytes,
+                 chunks: AsyncIterator[bytes], idle_timeout_s: float | None = None) -> None:
         self.status_code, self.background = upstream.status_code, None
         self._upstream, self._request_id, self._observer = upstream, request_id, observer
+        self._first, self._chunks, self._idle = first, chunks, idle_timeout_s
         self._is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -97,28 +107,31 @@ class RelayResponse(Response):
     async def _relay(self, send: Send) -> Outcome:
         await send({"type": "http.response.start", "status": self._upstream.status_code,
                     "headers": returned_headers(self._upstream)})
-        first = True
         # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
         # end of the body in one write instead of two (same bytes, one syscall less).
         body = self._upstream.stream if isinstance(self._upstream.stream, UpstreamBody) else None
-        chunks: AsyncGenerator[bytes, None] = self._upstream.aiter_raw()  # type: ignore[assignment]
+        chunks = self._chunks
+        loop = asyncio.get_running_loop()
+        chunk = self._first
         try:
-            async for chunk in chunks:
-                if first:
-                    first = False
-                    await self._observer.first_byte()
-                if body is not None and body.complete:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                    await chunks.aclose()
-                    return "ok"
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(None) as idle:
+                while True:
+                    if body is not None and body.complete:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": False})
+                        return "ok"
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if self._idle is not None:  # armed while waiting on the engine only, not on a slow client
+                        idle.reschedule(loop.time() + self._idle)
+                    try:
+                        chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    idle.reschedule(None)
+        except (httpx.HTTPError, TimeoutError) as exc:
             log.warning("request %s: upstream failed mid-response: %s", self._request_id, type(exc).__name__)
             if self._is_sse:
                 await send({"type": "http.response.body", "body": _MID_STREAM, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return "upstream_error"
-        if first:
-            await self._observer.first_byte()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return "ok"
