@@ -96,6 +96,9 @@ class StateConfig(_Strict):
     residency_ttl_s: float = Field(default=600.0, gt=0, description="a residency entry not touched for this long is forgotten")
     max_keys_per_instance: int | None = Field(default=None, gt=0, description="cap on residency entries per instance; default cache_tokens / block tokens")
     redis_timeout_s: float = Field(default=0.5, gt=0, description="timeout of one Redis call")
+    breaker_failures: int = Field(default=3, ge=1, description="consecutive failed Redis calls that open the breaker "
+                                  "(decisions on the local view, no waiting on Redis)")
+    breaker_probe_s: float = Field(default=0.5, gt=0, description="while the breaker is open, one probe call this often")
 
 
 class HashingConfig(_Strict):

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -43,6 +43,10 @@ class _StoreCounters:
             family = CounterMetricFamily(f"pd_router_state_{name}", help_text)
             family.add_metric([], values.get(name, 0))
             yield family
+        degraded = GaugeMetricFamily("pd_router_state_degraded",
+                                     "1 while the state store's breaker is open (routing on the local view)")
+        degraded.add_metric([], values.get("degraded", 0))
+        yield degraded
 
 
 class Metrics:

@@ -49,6 +49,8 @@ def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
             residency_ttl_s=s.residency_ttl_s,
             default_cap=default_cap,
             timeout_s=s.redis_timeout_s,
+            breaker_failures=s.breaker_failures,
+            breaker_probe_s=s.breaker_probe_s,
         )
     return MemoryStore(caps, s.residency_ttl_s, default_cap)
 
@@ -58,6 +60,7 @@ def _store_counters(store: StateStore) -> dict[str, int]:
         "round_trips": store.round_trips,
         "corrections": getattr(store, "corrections", 0),
         "errors": getattr(store, "errors", 0),
+        "degraded": int(getattr(store, "degraded", False)),
     }
 
 
@@ -148,6 +151,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     @app.get("/ready")
     async def ready() -> Response:
         if pool.any_healthy():
+            if getattr(store, "degraded", False):  # still serving: routing on this replica's view alone
+                return JSONResponse({"status": "ready", "details": {"state_store": "degraded"}})
             return JSONResponse({"status": "ready"})
         raise NoCapacity("no instance can take requests yet" if len(pool) == 0 else "no healthy instance")
 
