@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from router.config.model import ConfigError, RouterConfig, load_config
 
 REDACTED = "***"
-_SECRET_NAME = re.compile(r"(token|password|secret|api_?key|credential)", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(token|password|secret|api_?key|credential|^key$)", re.IGNORECASE)
 
 # Parts whose change needs a restart: the store and its keys are built once, block keys must
 # stay comparable with the residency already recorded, discovery watches are started once,

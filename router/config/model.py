@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from router.config.discovery import DiscoveryConfig, ReloadConfig
 
@@ -96,6 +96,24 @@ class StateConfig(_Strict):
     residency_ttl_s: float = Field(default=600.0, gt=0, description="a residency entry not touched for this long is forgotten")
     max_keys_per_instance: int | None = Field(default=None, gt=0, description="cap on residency entries per instance; default cache_tokens / block tokens")
     redis_timeout_s: float = Field(default=0.5, gt=0, description="timeout of one Redis call")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        """Checked here, not when the first connection fails: a typo must stop the start (exit 2)."""
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+        except ValueError:
+            raise ValueError("has a port that is not a number") from None
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("names no host")
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
+            raise ValueError("has a database that is not a number (redis://host:port/<db>)")
+        return value
     breaker_failures: int = Field(default=3, ge=1, description="consecutive failed Redis calls that open the breaker "
                                   "(decisions on the local view, no waiting on Redis)")
     breaker_probe_s: float = Field(default=0.5, gt=0, description="while the breaker is open, one probe call this often")
@@ -252,10 +270,25 @@ class HealthConfig(_Strict):
     outlier_max_ejected_percent: float = Field(default=50.0, ge=0, le=100, description="never eject beyond this share of the instances")
 
 
+class ApiKey(_Strict):
+    """One client key of the inference routes; ``name`` labels its requests in the metrics."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description="label in metrics and logs (never the key)")
+    key: str = Field(min_length=16, description="the bearer token clients send")
+
+
 class ServerConfig(_Strict):
     """The router's own server; host and port are command-line flags of ``pd-router serve``."""
 
     admin_token: str | None = Field(default=None, description="bearer token for /debug and admin routes; unset = admin routes disabled")
+    api_keys: list[ApiKey] = Field(default_factory=list, description="keys of the inference routes (/v1/*); none = open")
+    api_keys_file: str | None = Field(default=None, description="a file of `name key` lines, read at start, added to api_keys")
+    max_connections: int = Field(default=4096, ge=1, description="client connections held at once; more are closed at once "
+                                 "(logged). Lowered at start to stay below the file limit")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="a request head must be complete this long after its first "
+                                    "byte (or after the connection opened); else the connection is closed")
+    keepalive_timeout_s: int = Field(default=5, ge=1, description="seconds after which an idle kept-alive connection is closed")
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="largest request head (URL and headers); 431 above")
 
 
 class RouterConfig(BaseSettings):
@@ -332,3 +365,5 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         return RouterConfig(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+    except SettingsError as exc:  # a PD_ROUTER_* value that is not the JSON its field needs
+        raise ConfigError(f"invalid configuration from the environment: {exc}") from exc

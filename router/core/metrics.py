@@ -98,6 +98,10 @@ class Metrics:
             "pd_router_retries", "Attempts moved to another engine before the first byte", ["engine", "reason"], registry=r
         )
         self.rejected = Counter("pd_router_rejected", "Requests refused by the router itself", ["status"], registry=r)
+        self.api_key_requests = Counter("pd_router_api_key_requests", "Inference requests by API key (its configured name)",
+                                        ["key"], registry=r)
+        self.ejections = Counter("pd_router_outlier_ejections", "Instances ejected by passive outlier detection",
+                                 ["engine"], registry=r)
         self.store_latency = Histogram(
             "pd_router_state_store_seconds", "Latency of state store operations", ["op"], buckets=_FAST_BUCKETS, registry=r
         )

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from router.config.model import RouterConfig
 from router.core.errors import Forbidden, NoCapacity, Unauthorized
 from router.gateway.admin import install_admin
+from router.gateway.auth import ApiKeys, load_keys
 from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
@@ -74,6 +75,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(store))
     policy = build_policy(config.policy, config.pd if pool.disaggregated else None)
+    api_keys = ApiKeys(load_keys(config))  # ConfigError for a bad key file (serve checks it first: exit 2)
     for instance_id, problem in pool.compat_report().items():
         log.warning("instance %s can never be paired: %s", instance_id, problem)
 
@@ -86,7 +88,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
             checker = HealthChecker(pool, upstream.client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
-            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks)
+            app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks,
+                                              forward_authorization=not api_keys.enabled)
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions())
             await app.state.live.start()
             try:
@@ -114,10 +117,17 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     # The inference routes are plain Starlette routes: they take the raw Request and always
     # return a Response, so FastAPI's per-request dependency solving bought nothing (~4% CPU).
+    def authorize(request: Request) -> None:
+        name = api_keys.check(request)
+        if name is not None:
+            metrics.api_key_requests.labels(name).inc()
+
     async def completions(request: Request) -> Response:
+        authorize(request)
         return await service(request).proxy_inference(request, "completions")
 
     async def chat_completions(request: Request) -> Response:
+        authorize(request)
         return await service(request).proxy_inference(request, "chat")
 
     app.add_route("/v1/completions", completions, methods=["POST"], include_in_schema=False)
@@ -125,6 +135,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
+        authorize(request)
         svc = service(request)
         healthy = [i for i in pool if i.healthy]
         if not healthy:

@@ -122,14 +122,15 @@ class OutlierHook(Hook):
     """Passive health: how each relayed answer ended counts for or against its instance
     (router/core/outlier.py). A client disconnect says nothing about the engine."""
 
-    def __init__(self, pool: InstancePool) -> None:
-        self.pool = pool
+    def __init__(self, pool: InstancePool, metrics: Metrics) -> None:
+        self.pool, self.metrics = pool, metrics
 
     async def end(self, attempt: Attempt, outcome: Outcome) -> None:
         if outcome == "ok":
             self.pool.passive_success(attempt.instance.id)
         elif outcome == "upstream_error":  # a stream that died mid-way, or went idle too long
-            self.pool.passive_failure(attempt.instance.id)
+            if self.pool.passive_failure(attempt.instance.id):
+                self.metrics.ejections.labels(attempt.instance.id).inc()
 
 
 class AccessLogHook(Hook):
@@ -149,5 +150,5 @@ class AccessLogHook(Hook):
 
 def standard_hooks(store: StateStore, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> list[Hook]:
     """The hooks every router runs, in order."""
-    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), OutlierHook(pool), MetricsHook(metrics),
+    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), OutlierHook(pool, metrics), MetricsHook(metrics),
             AccessLogHook()]

@@ -111,8 +111,11 @@ class RouterService:
         calibrator: Calibrator | None = None,
         rng: random.Random | None = None,
         hooks: Sequence[Hook] = (),
+        forward_authorization: bool = True,
     ) -> None:
         self.config = config
+        # False when the router checks API keys itself: a client's key is the router's, never an engine's
+        self.forward_authorization = forward_authorization
         self.pool = pool
         self.store = store
         self.policy = policy
@@ -128,6 +131,10 @@ class RouterService:
         # try, headers included), each later one by idle_timeout_s (router/upstream/relay.py).
         self.stream_timeout = httpx.Timeout(connect=p.connect_timeout_s, read=None, write=p.request_timeout_s,
                                             pool=p.request_timeout_s)
+
+    def _passive_failure(self, instance: str, *, fatal: bool = False) -> None:
+        if self.pool.passive_failure(instance, fatal=fatal):
+            self.metrics.ejections.labels(instance).inc()
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -158,6 +165,8 @@ class RouterService:
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
+        if not self.forward_authorization:
+            headers.pop("authorization", None)
         tried = Tried()
         task = asyncio.current_task()
         assert task is not None
@@ -254,7 +263,7 @@ class RouterService:
 
     async def _unreachable(self, attempt: Attempt, inst: Instance, exc: httpx.TransportError) -> Retry:
         refused = isinstance(exc, httpx.ConnectError)
-        self.pool.passive_failure(inst.id, fatal=refused)
+        self._passive_failure(inst.id, fatal=refused)
         if refused:  # nothing listens there: as definite as a failed check, and only a passing check undoes it
             self.pool.record_failure(inst.id, fatal=True)
         reason = type(exc).__name__
@@ -266,7 +275,7 @@ class RouterService:
             self.metrics.pd_failures.labels(prefill.id, "passed_to_client").inc()
             await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{exc.response.status_code}", prefill.id))
             return Served(exc.response)
-        self.pool.passive_failure(prefill.id, fatal=exc.fatal)
+        self._passive_failure(prefill.id, fatal=exc.fatal)
         failure = UpstreamFailure(f"prefill failed on {prefill.id}: {exc}", code="prefill_failed")
         local_only = False
         if tried.prefill_failures + 1 <= self.config.pd.prefill_retries:
@@ -289,7 +298,7 @@ class RouterService:
         if status in RETRY_STATUSES and tried.candidates > 1 and len(tried.exclude) < self.config.proxy.retries:
             await upstream.aclose()
             if status != 503:  # 503 is an engine saying it is busy: no fault of its own
-                self.pool.passive_failure(inst.id)
+                self._passive_failure(inst.id)
             await self.lifecycle.abandon(attempt, Abandon("retry", str(status), inst.id))
             return Retry(str(status), exclude=inst.id, failure=RETRY_STATUSES[status](f"instance {inst.id} answered {status}"))
         if status >= 400:
@@ -319,7 +328,7 @@ class RouterService:
 
     async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:
         """The instance failed before anything reached the client: it counts against it, the next attempt goes elsewhere."""
-        self.pool.passive_failure(attempt.instance.id)
+        self._passive_failure(attempt.instance.id)
         await self.lifecycle.abandon(attempt, Abandon("retry", reason, attempt.instance.id))
         return Retry(reason, exclude=attempt.instance.id, failure=failure)
 
@@ -333,6 +342,6 @@ class RouterService:
         finally:
             await upstream.aclose()
             if status >= 500 and status != 503:
-                self.pool.passive_failure(inst.id)
+                self._passive_failure(inst.id)
         await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{status}", inst.id))
         return Response(body, status_code=status, media_type=upstream.headers.get("content-type", "application/json"))
