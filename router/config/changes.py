@@ -27,6 +27,9 @@ FIXED: dict[str, str] = {
     "discovery": "discovery sources are started once",
     "server": "the server section (admin token) is read at start",
     "proxy.max_connections": "the upstream connection pool is sized at start",
+    "proxy.max_concurrent": "the admission limit is set up at start",
+    "proxy.max_queued": "the admission queue is set up at start",
+    "proxy.queue_timeout_s": "the admission queue is set up at start",
 }
 
 

@@ -37,6 +37,7 @@ from router.core.errors import (
 )
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
+from router.request.admission import Admission, HeldResponse
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried
 from router.request.hooks import standard_hooks
 from router.request.keys import route_request
@@ -129,6 +130,7 @@ class RouterService:
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)  # a JSON answer comes whole
         # A stream's reads are bounded here instead: its first chunk by first_byte_timeout_s (per
         # try, headers included), each later one by idle_timeout_s (router/upstream/relay.py).
+        self.admission = Admission(p.max_concurrent, p.max_queued, p.queue_timeout_s, config.health.retry_after_s)
         self.stream_timeout = httpx.Timeout(connect=p.connect_timeout_s, read=None, write=p.request_timeout_s,
                                             pool=p.request_timeout_s)
 
@@ -148,13 +150,22 @@ class RouterService:
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Response:
         try:
-            return await self._serve(request, endpoint)
-        except ClientDisconnect:  # gone while sending its body: nothing was booked, nobody to answer
-            log.info("request %s: client_disconnect while sending its body", assign_request_id(request.scope))
-            return Response(status_code=499)
+            await self.admission.acquire()
         except RouterError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             raise
+        try:
+            response = await self._serve(request, endpoint)
+        except BaseException as error:
+            self.admission.release()
+            if isinstance(error, RouterError):
+                self.metrics.rejected.labels(str(error.status)).inc()
+                raise
+            if isinstance(error, ClientDisconnect):  # gone while sending its body: nothing was booked, nobody to answer
+                log.info("request %s: client_disconnect while sending its body", assign_request_id(request.scope))
+                return Response(status_code=499)
+            raise
+        return response if self.admission.limit is None else HeldResponse(response, self.admission)
 
     async def _serve(self, request: Request, endpoint: Endpoint) -> Response:
         raw = await read_body(request, self.config.proxy.max_body_bytes)
