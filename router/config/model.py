@@ -255,6 +255,8 @@ class ProxyConfig(_Strict):
                                         "within this, or the request is retried elsewhere (a JSON answer's first byte is its last: "
                                         "request_timeout_s bounds it)")
     idle_timeout_s: float = Field(default=60.0, gt=0, description="longest gap between two chunks of a stream")
+    continuation_attempts: int = Field(default=2, ge=0, le=10, description="a stream broken after tokens were sent goes on "
+                                       "elsewhere (prompt + text so far) up to this many times; 0 = off: an error event ends it")
     max_concurrent: int | None = Field(default=None, ge=1, description="inference requests in flight at once (None: no limit); "
                                        "more wait in a bounded queue, then get 429 + Retry-After")
     max_queued: int = Field(default=100, ge=0, description="requests waiting for a slot beyond max_concurrent")

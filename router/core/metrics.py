@@ -100,6 +100,8 @@ class Metrics:
         self.rejected = Counter("pd_router_rejected", "Requests refused by the router itself", ["status"], registry=r)
         self.api_key_requests = Counter("pd_router_api_key_requests", "Inference requests by API key (its configured name)",
                                         ["key"], registry=r)
+        self.continuations = Counter("pd_router_continuations", "Streams broken after their first token and continued "
+                                     "elsewhere, by result (ok, failed, impossible, exhausted)", ["result"], registry=r)
         self.ejections = Counter("pd_router_outlier_ejections", "Instances ejected by passive outlier detection",
                                  ["engine"], registry=r)
         self.store_latency = Histogram(

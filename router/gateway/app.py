@@ -20,6 +20,7 @@ from router.config.model import RouterConfig
 from router.core.errors import Forbidden, NoCapacity, Unauthorized
 from router.gateway.admin import install_admin
 from router.gateway.auth import ApiKeys, load_keys
+from router.gateway.openapi import install_openapi
 from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
@@ -203,6 +204,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         }
 
     install_admin(app, require_admin)
+    install_openapi(app)
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> dict[str, Any]:

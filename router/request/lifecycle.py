@@ -161,6 +161,10 @@ class AttemptObserver:
     def __init__(self, lifecycle: Lifecycle, attempt: Attempt) -> None:
         self._lifecycle, self._attempt = lifecycle, attempt
 
+    @property
+    def attempt(self) -> Attempt:
+        return self._attempt
+
     async def first_byte(self) -> None:
         await self._lifecycle.first_byte(self._attempt)
 

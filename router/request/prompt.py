@@ -193,7 +193,7 @@ def _chat_text(messages: Any, tools: Any) -> str:
         if not isinstance(msg, dict):
             raise InvalidRequest(f"'{where}' must be an object", param="messages")
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:  # a dict or list is unhashable: TypeError, not 400
             raise InvalidRequest(f"'{where}.role' must be one of {sorted(_ROLES)}", param="messages")
         header = role
         if isinstance(msg.get("name"), str):

@@ -41,7 +41,8 @@ from router.request.admission import Admission, HeldResponse
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried
 from router.request.hooks import standard_hooks
 from router.request.keys import route_request
-from router.request.lifecycle import Abandon, Attempt, Hook, Lifecycle
+from router.request.continuation import Continuation, continuable
+from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
 from router.scheduling.calibration import Calibrator
@@ -50,7 +51,7 @@ from router.scheduling.framework import Policy, RouteRequest
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, returned_pairs, upstream_headers
+from router.upstream.relay import RelayResponse, Resumed, returned_pairs, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,8 @@ class RouterService:
             watcher.cancel()
 
     async def _route(self, req: RouteRequest, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes,
-                     headers: dict[str, str], request_id: str, tried: Tried, slo: float | None) -> Response:
+                     headers: dict[str, str], request_id: str, tried: Tried, slo: float | None,
+                     continuing: bool = False) -> Response:
         for _ in range(self.config.proxy.retries + self.config.pd.prefill_retries + 2):
             candidates = self.candidates(parsed.model, tried)
             tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
@@ -212,9 +214,43 @@ class RouterService:
                 break
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)
             if isinstance(outcome, Served):
-                return outcome.response
+                response = outcome.response
+                if (not continuing and isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
+                        and continuable(parsed.body, endpoint)):
+                    response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
+                return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))
+
+    def _continuation(self, relay: RelayResponse, endpoint: Endpoint, parsed: ParsedRequest, headers: dict[str, str],
+                      request_id: str, slo: float | None) -> Continuation:
+        """How ``relay``'s stream goes on if its engine breaks mid-way (router/request/continuation.py)."""
+        current = relay.detach().observer
+        failed: set[str] = set()
+
+        async def send(body: dict[str, Any]) -> Resumed | None:
+            nonlocal current
+            if isinstance(current, AttemptObserver):
+                failed.add(current.attempt.instance.id)
+            raw = json.dumps(body).encode()
+            again = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
+            req = route_request(again, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+            try:
+                response = await self._route(req, endpoint, again, raw, headers, request_id, Tried(exclude=set(failed)),
+                                             slo, continuing=True)
+            except RouterError as exc:
+                log.warning("request %s: no continuation after a mid-stream failure: %s", request_id, exc)
+                return None
+            if not isinstance(response, RelayResponse):  # an engine's error answer: nothing to go on with
+                return None
+            resumed = response.detach()
+            current = resumed.observer
+            log.info("request %s: stream continued on %s", request_id,
+                     current.attempt.instance.id if isinstance(current, AttemptObserver) else "?")
+            return resumed
+
+        return Continuation(parsed.body, endpoint, self.config.proxy.continuation_attempts, send,
+                            lambda result: self.metrics.continuations.labels(result).inc())
 
     async def _attempt(
         self, routed: Routed, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes, headers: dict[str, str],
