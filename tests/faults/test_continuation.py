@@ -73,3 +73,30 @@ def test_chat_continues_the_final_assistant_message():
            b'data: {"choices": [{"index": 0, "delta": {"content": " the"}}]}\n\ndata: {"choices": [{"index": 0, "delta": {"con')
     assert c.body() == {"model": "m", "max_completion_tokens": 9, "continue_final_message": True, "add_generation_prompt": False,
                         "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " the"}]}
+
+
+def test_a_decode_instance_dying_mid_stream_continues_on_another(emulators):
+    """PD (vLLM handoff): the stream of a decode instance that dies after 6 tokens goes on
+    elsewhere; the client's text equals an unbroken run on a mixed engine."""
+    reference = emulators()
+    base = {"flavor": "vllm", "bootstrap_port": 0}
+    p0 = emulators(role="prefill", engine_id="p0", **base)
+    d0 = emulators(role="decode", engine_id="d0", faults=FaultConfig(die_after_tokens=6), **base)
+    d1 = emulators(role="decode", engine_id="d1", **base)
+    instances = [{"url": e.url, "name": n, "role": r, "flavor": "vllm", "model": "m"}
+                 for e, n, r in ((p0, "p0", "prefill"), (d0, "d0", "decode"), (d1, "d1", "decode"))]
+    prefix = "You are the dispatcher of a parcel service; answer briefly and precisely. " * 30
+    with router(instances, pd={"selective_threshold_tokens": 0}) as (url, app):
+        continued = 0
+        for i in range(8):
+            body = {"model": "m", "prompt": f"{prefix} Parcel {i}: where is it now?", "max_tokens": 24}
+            expected, _, _, _ = stream(reference.url, body)
+            got, done, _, error = stream(url, body)
+            assert not error and done == 1 and got == expected
+            metrics = httpx.get(f"{url}/metrics").text
+            continued = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                            if line.startswith('pd_router_continuations_total{result="ok"}'))
+            if continued:
+                break
+        assert continued >= 1
+        assert httpx.get(f"{p0.url}/emulator/stats").json()["pd"]["kv_pulls_served"] >= 1  # it was a PD route
