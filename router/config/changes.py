@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from router.config.model import ConfigError, RouterConfig, load_config
 
 REDACTED = "***"
-_SECRET_NAME = re.compile(r"(token|password|secret|api_?key|credential)", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"(token|password|secret|api_?key|credential|^key$)", re.IGNORECASE)
 
 # Parts whose change needs a restart: the store and its keys are built once, block keys must
 # stay comparable with the residency already recorded, discovery watches are started once,
@@ -27,6 +27,9 @@ FIXED: dict[str, str] = {
     "discovery": "discovery sources are started once",
     "server": "the server section (admin token) is read at start",
     "proxy.max_connections": "the upstream connection pool is sized at start",
+    "proxy.max_concurrent": "the admission limit is set up at start",
+    "proxy.max_queued": "the admission queue is set up at start",
+    "proxy.queue_timeout_s": "the admission queue is set up at start",
 }
 
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from router.config.discovery import DiscoveryConfig, ReloadConfig
 from router.config.engines import EnginesConfig
@@ -97,6 +97,27 @@ class StateConfig(_Strict):
     residency_ttl_s: float = Field(default=600.0, gt=0, description="a residency entry not touched for this long is forgotten")
     max_keys_per_instance: int | None = Field(default=None, gt=0, description="cap on residency entries per instance; default cache_tokens / block tokens")
     redis_timeout_s: float = Field(default=0.5, gt=0, description="timeout of one Redis call")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        """Checked here, not when the first connection fails: a typo must stop the start (exit 2)."""
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        try:
+            parts.port  # noqa: B018  (raises ValueError for a port that is not a number)
+        except ValueError:
+            raise ValueError("has a port that is not a number") from None
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("names no host")
+        db = parts.path.lstrip("/")
+        if db and not db.isdigit():
+            raise ValueError("has a database that is not a number (redis://host:port/<db>)")
+        return value
+    breaker_failures: int = Field(default=3, ge=1, description="consecutive failed Redis calls that open the breaker "
+                                  "(decisions on the local view, no waiting on Redis)")
+    breaker_probe_s: float = Field(default=0.5, gt=0, description="while the breaker is open, one probe call this often")
 
 
 class HashingConfig(_Strict):
@@ -231,6 +252,16 @@ class ProxyConfig(_Strict):
     max_connections: int = Field(default=1000, ge=1, description="connections to engines, in all (fixed at start)")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="largest request body accepted (413 above)")
     retries: int = Field(default=2, ge=0, le=10, description="attempts on another instance before the first byte")
+    first_byte_timeout_s: float = Field(default=60.0, gt=0, description="per try: a stream's headers and first chunk must come "
+                                        "within this, or the request is retried elsewhere (a JSON answer's first byte is its last: "
+                                        "request_timeout_s bounds it)")
+    idle_timeout_s: float = Field(default=60.0, gt=0, description="longest gap between two chunks of a stream")
+    continuation_attempts: int = Field(default=2, ge=0, le=10, description="a stream broken after tokens were sent goes on "
+                                       "elsewhere (prompt + text so far) up to this many times; 0 = off: an error event ends it")
+    max_concurrent: int | None = Field(default=None, ge=1, description="inference requests in flight at once (None: no limit); "
+                                       "more wait in a bounded queue, then get 429 + Retry-After")
+    max_queued: int = Field(default=100, ge=0, description="requests waiting for a slot beyond max_concurrent")
+    queue_timeout_s: float = Field(default=5.0, gt=0, description="longest wait for a slot before 429")
 
 
 class HealthConfig(_Strict):
@@ -239,12 +270,32 @@ class HealthConfig(_Strict):
     failures_to_unhealthy: int = Field(default=2, ge=1, description="consecutive failures that take an instance out")
     successes_to_healthy: int = Field(default=1, ge=1, description="consecutive successes that bring it back")
     retry_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 503 when nothing is healthy")
+    outlier_failures: int = Field(default=3, ge=1, description="consecutive failures seen while proxying (resets, timeouts, "
+                                  "mid-stream deaths, 5xx but a busy 503) that eject an instance")
+    outlier_base_ejection_s: float = Field(default=5.0, gt=0, description="first ejection time; each ejection in a row adds as much")
+    outlier_max_ejection_s: float = Field(default=300.0, gt=0, description="longest ejection")
+    outlier_max_ejected_percent: float = Field(default=50.0, ge=0, le=100, description="never eject beyond this share of the instances")
+
+
+class ApiKey(_Strict):
+    """One client key of the inference routes; ``name`` labels its requests in the metrics."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description="label in metrics and logs (never the key)")
+    key: str = Field(min_length=16, description="the bearer token clients send")
 
 
 class ServerConfig(_Strict):
     """The router's own server; host and port are command-line flags of ``pd-router serve``."""
 
     admin_token: str | None = Field(default=None, description="bearer token for /debug and admin routes; unset = admin routes disabled")
+    api_keys: list[ApiKey] = Field(default_factory=list, description="keys of the inference routes (/v1/*); none = open")
+    api_keys_file: str | None = Field(default=None, description="a file of `name key` lines, read at start, added to api_keys")
+    max_connections: int = Field(default=4096, ge=1, description="client connections held at once; more are closed at once "
+                                 "(logged). Lowered at start to stay below the file limit")
+    header_timeout_s: float = Field(default=10.0, gt=0, description="a request head must be complete this long after its first "
+                                    "byte (or after the connection opened); else the connection is closed")
+    keepalive_timeout_s: int = Field(default=5, ge=1, description="seconds after which an idle kept-alive connection is closed")
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, description="largest request head (URL and headers); 431 above")
 
 
 class RouterConfig(BaseSettings):
@@ -322,3 +373,5 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         return RouterConfig(**data)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
+    except SettingsError as exc:  # a PD_ROUTER_* value that is not the JSON its field needs
+        raise ConfigError(f"invalid configuration from the environment: {exc}") from exc

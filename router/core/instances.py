@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from router.config.model import Compat, HealthConfig, InstanceConfig, RouterConfig
+from router.core import outlier
+from router.core.outlier import Outlier
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class Instance:
     draining: bool = False  # takes no new requests; those in flight finish
     factor: float = 1.0  # calibrated slowdown of the prefill rate
     declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
+    outlier: Outlier = field(default_factory=Outlier)  # passive record; ``healthy`` is the active checks' verdict
 
     @property
     def id(self) -> str:
@@ -62,7 +66,7 @@ class Instance:
 
     @property
     def routable(self) -> bool:
-        return self.healthy and not self.draining
+        return self.healthy and not self.draining and not self.outlier.ejected()
 
 
 @dataclass
@@ -242,8 +246,27 @@ class InstancePool:
         return any(i.routable for i in self._instances.values())
 
     # -- health bookkeeping ----------------------------------------------------------------
+    # record_success / record_failure: the active checks' verdict (``healthy``);
+    # passive_success / passive_failure: what proxied traffic saw (outlier ejection).
+    # Neither touches the other's counts.
+    def passive_success(self, instance_id: str) -> None:
+        inst = self._lookup(instance_id)
+        if inst is not None:
+            outlier.on_success(inst.outlier, inst.id)
+
+    def passive_failure(self, instance_id: str, *, fatal: bool = False) -> bool:
+        """A gateway failure seen while proxying; ``fatal`` (connection refused) ejects at once.
+        True when it ejected the instance."""
+        inst = self._lookup(instance_id)
+        if inst is None:
+            return False
+        now = time.monotonic()
+        others = [i for i in self._instances.values() if i is not inst]
+        share = (1 + sum(1 for i in others if i.outlier.ejected(now))) / max(1, len(self._instances))
+        return outlier.on_failure(inst.outlier, inst.id, self._health, share, fatal=fatal)
+
     def record_success(self, instance_id: str) -> bool:
-        """Returns True when this success brought the instance back."""
+        """An active check passed; returns True when this success brought the instance back."""
         inst = self._lookup(instance_id)
         if inst is None:
             return False
@@ -256,7 +279,7 @@ class InstancePool:
         return False
 
     def record_failure(self, instance_id: str, *, fatal: bool = False) -> None:
-        """A failed check or request; ``fatal`` (connection refused) marks it down at once."""
+        """An active check failed; ``fatal`` (connection refused) marks it down at once."""
         inst = self._lookup(instance_id)
         if inst is None:
             return

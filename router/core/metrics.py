@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
@@ -43,6 +43,10 @@ class _StoreCounters:
             family = CounterMetricFamily(f"pd_router_state_{name}", help_text)
             family.add_metric([], values.get(name, 0))
             yield family
+        degraded = GaugeMetricFamily("pd_router_state_degraded",
+                                     "1 while the state store's breaker is open (routing on the local view)")
+        degraded.add_metric([], values.get("degraded", 0))
+        yield degraded
 
 
 class Metrics:
@@ -95,6 +99,12 @@ class Metrics:
             "pd_router_retries", "Attempts moved to another engine before the first byte", ["engine", "reason"], registry=r
         )
         self.rejected = Counter("pd_router_rejected", "Requests refused by the router itself", ["status"], registry=r)
+        self.api_key_requests = Counter("pd_router_api_key_requests", "Inference requests by API key (its configured name)",
+                                        ["key"], registry=r)
+        self.continuations = Counter("pd_router_continuations", "Streams broken after their first token and continued "
+                                     "elsewhere, by result (ok, failed, impossible, exhausted)", ["result"], registry=r)
+        self.ejections = Counter("pd_router_outlier_ejections", "Instances ejected by passive outlier detection",
+                                 ["engine"], registry=r)
         self.store_latency = Histogram(
             "pd_router_state_store_seconds", "Latency of state store operations", ["op"], buckets=_FAST_BUCKETS, registry=r
         )

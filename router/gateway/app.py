@@ -19,6 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from router.config.model import RouterConfig
 from router.core.errors import Forbidden, NoCapacity, Unauthorized
 from router.gateway.admin import install_admin
+from router.gateway.auth import ApiKeys, load_keys
+from router.gateway.openapi import install_openapi
 from router.gateway.live import Live, LiveOptions
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
@@ -54,6 +56,8 @@ def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
             residency_ttl_s=s.residency_ttl_s,
             default_cap=default_cap,
             timeout_s=s.redis_timeout_s,
+            breaker_failures=s.breaker_failures,
+            breaker_probe_s=s.breaker_probe_s,
         )
     return MemoryStore(caps, s.residency_ttl_s, default_cap)
 
@@ -63,6 +67,7 @@ def _store_counters(store: StateStore) -> dict[str, int]:
         "round_trips": store.round_trips,
         "corrections": getattr(store, "corrections", 0),
         "errors": getattr(store, "errors", 0),
+        "degraded": int(getattr(store, "degraded", False)),
     }
 
 
@@ -83,6 +88,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     policy = make_policy(config, pool.disaggregated)
     metrics.registry.register(EngineCollector(book))
+    api_keys = ApiKeys(load_keys(config))  # ConfigError for a bad key file (serve checks it first: exit 2)
     for instance_id, problem in pool.compat_report().items():
         log.warning("instance %s can never be paired: %s", instance_id, problem)
 
@@ -107,7 +113,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                 tasks.append(asyncio.create_task(poller.run(), name="pd-router-engines"))
             admission = Admission(pool, book, config.engines.text_bytes_per_token_max)
             app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks,
-                                              admission=admission)
+                                              admission=admission, forward_authorization=not api_keys.enabled)
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions(),
                                   make_policy=make_policy)
             await app.state.live.start()
@@ -138,10 +144,17 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     # The inference routes are plain Starlette routes: they take the raw Request and always
     # return a Response, so FastAPI's per-request dependency solving bought nothing (~4% CPU).
+    def authorize(request: Request) -> None:
+        name = api_keys.check(request)
+        if name is not None:
+            metrics.api_key_requests.labels(name).inc()
+
     async def completions(request: Request) -> Response:
+        authorize(request)
         return await service(request).proxy_inference(request, "completions")
 
     async def chat_completions(request: Request) -> Response:
+        authorize(request)
         return await service(request).proxy_inference(request, "chat")
 
     app.add_route("/v1/completions", completions, methods=["POST"], include_in_schema=False)
@@ -149,6 +162,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
+        authorize(request)
         svc = service(request)
         healthy = [i for i in pool if i.healthy]
         if not healthy:
@@ -175,6 +189,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     @app.get("/ready")
     async def ready() -> Response:
         if pool.any_healthy():
+            if getattr(store, "degraded", False):  # still serving: routing on this replica's view alone
+                return JSONResponse({"status": "ready", "details": {"state_store": "degraded"}})
             return JSONResponse({"status": "ready"})
         raise NoCapacity("no instance can take requests yet" if len(pool) == 0 else "no healthy instance")
 
@@ -214,6 +230,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         }
 
     install_admin(app, require_admin)
+    install_openapi(app)
 
     @app.post("/debug/route")
     async def debug_route(request: Request) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import sys
 from router.config.model import ConfigError, load_config
 from router.core.exposition import prepare_multiprocess_dir
 from router.core.logs import LOG_FORMATS, logging_config
+from router.gateway.auth import load_keys
 from router.scheduling import check_config
 
 
@@ -55,6 +56,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         check_config(config)  # plugin names and parameters, against the registry
+        load_keys(config)  # the API key file is readable and well formed
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +67,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from router.gateway.app import create_app
+    from router.gateway.connections import ConnectionLimits, GuardedProtocols, connection_cap
     from router.gateway.live import LiveOptions
     from router.gateway.process import wrap
 
@@ -93,7 +96,10 @@ def serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         log_config=log_config,
         loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools" if importlib.util.find_spec("httptools") else "h11",
+        http=GuardedProtocols(ConnectionLimits(  # type: ignore[arg-type]  # a protocol factory, as uvicorn calls it
+            connection_cap(config.server.max_connections, config.proxy.max_connections), config.server.header_timeout_s,
+            config.server.max_header_bytes)),
+        timeout_keep_alive=config.server.keepalive_timeout_s,
         access_log=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )

@@ -44,6 +44,7 @@ class Tried:
     prefill_failures: int = 0
     local_only: bool = False
     last: Retry | None = None
+    disconnected: bool = False  # the client went away: the attempt in flight is cancelled
 
     def record(self, retry: Retry) -> None:
         self.exclude.add(retry.exclude)

@@ -115,7 +115,26 @@ class MetricsHook(Hook):
             model = attempt.instance.config.model or ""  # the engine's declared model: bounded, never the client's
             self._child("requests", why.instance, model, why.reason).inc()
             self._child("latency", why.instance, model, why.reason).observe(attempt.duration_s)
+        elif why.kind == "client_disconnect":
+            model = attempt.instance.config.model or ""
+            self._child("requests", why.instance, model, "client_disconnect").inc()
+            self._child("latency", why.instance, model, "client_disconnect").observe(attempt.duration_s)
         # "failed": the router's own error, counted as rejected where it is raised
+
+
+class OutlierHook(Hook):
+    """Passive health: how each relayed answer ended counts for or against its instance
+    (router/core/outlier.py). A client disconnect says nothing about the engine."""
+
+    def __init__(self, pool: InstancePool, metrics: Metrics) -> None:
+        self.pool, self.metrics = pool, metrics
+
+    async def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        if outcome == "ok":
+            self.pool.passive_success(attempt.instance.id)
+        elif outcome == "upstream_error":  # a stream that died mid-way, or went idle too long
+            if self.pool.passive_failure(attempt.instance.id):
+                self.metrics.ejections.labels(attempt.instance.id).inc()
 
 
 class AccessLogHook(Hook):
@@ -135,4 +154,5 @@ class AccessLogHook(Hook):
 
 def standard_hooks(store: StateStore, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> list[Hook]:
     """The hooks every router runs, in order."""
-    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), MetricsHook(metrics), AccessLogHook()]
+    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), OutlierHook(pool, metrics), MetricsHook(metrics),
+            AccessLogHook()]

@@ -34,7 +34,7 @@ from router.upstream.relay import Outcome
 
 log = logging.getLogger(__name__)
 
-AbandonKind = Literal["retry", "passed", "failed"]
+AbandonKind = Literal["retry", "passed", "failed", "client_disconnect"]
 
 
 @dataclass(slots=True, eq=False)
@@ -58,7 +58,8 @@ class Abandon:
 
     ``retry``: another attempt follows elsewhere; ``passed``: the engine's own error answer goes
     back to the client as it is (``reason`` is ``http_<status>``); ``failed``: the router answers
-    with an error of its own. ``instance`` is the one at fault (the prefill leg's, for a prefill
+    with an error of its own; ``client_disconnect``: the client went away before the answer, the
+    upstream request was cancelled. ``instance`` is the one at fault (the prefill leg's, for a prefill
     failure); ``reason`` is a short label (``ConnectError``, ``503``, ``prefill_failed``...)."""
 
     kind: AbandonKind
@@ -159,6 +160,10 @@ class AttemptObserver:
 
     def __init__(self, lifecycle: Lifecycle, attempt: Attempt) -> None:
         self._lifecycle, self._attempt = lifecycle, attempt
+
+    @property
+    def attempt(self) -> Attempt:
+        return self._attempt
 
     async def first_byte(self) -> None:
         await self._lifecycle.first_byte(self._attempt)

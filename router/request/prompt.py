@@ -22,6 +22,19 @@ _MSG = "\x1e"  # starts a message
 _FIELD = "\x1f"  # separates a message header from its content
 _PART = "\x1d"  # starts a non-text content part or a structured field
 
+# Bounds checked before anything reaches shared state: booked load is summed in Redis (Lua
+# numbers are doubles, exact to 2^53), so no single request may book an absurd amount.
+MAX_TOKENS_LIMIT = 2**31 - 1  # no engine takes more (vLLM and SGLang hold it in an int32)
+MAX_N = 128  # sequences per request; the engines' own defaults are far lower
+# PD control fields: only the router sets them (router/upstream/handoff.py). From a client they
+# would make an engine connect to an address of the client's choosing, or pin KV on it.
+CONTROL_FIELDS = ("kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+                  "do_remote_decode", "do_remote_prefill")
+_CONTROL_MARKERS = (b"kv_transfer_params", b"bootstrap_", b"do_remote_")
+# Deepest JSON nesting accepted: tool schemas stay far below, while thousands of levels make
+# an engine's (or a re-serialising proxy's) recursive parser fail.
+MAX_DEPTH = 100
+
 
 @dataclass(frozen=True)
 class ParsedRequest:
@@ -35,6 +48,7 @@ class ParsedRequest:
     tokens: list[int] | None  # token-id prompt (first of a batch)
     prompt_tokens: int  # estimated prompt tokens over the whole batch
     max_tokens: int | None
+    stripped: bool = False  # client-supplied PD control fields were removed: forward ``body``, not the raw bytes
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
@@ -42,42 +56,81 @@ def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> Parsed
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and _depth(body) > MAX_DEPTH:  # counting is C-fast; the walk is rare
+        raise InvalidRequest(f"request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json")
+    try:
+        return _parse(body, raw, endpoint, chars_per_token)
+    except RecursionError:  # structured fields (tools, content parts) are re-serialised for hashing
+        raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
+    except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800") decodes but is no text
+        raise InvalidRequest("request body holds an invalid Unicode escape (a lone surrogate)",
+                             code="invalid_json") from None
+
+
+def _parse(body: dict[str, Any], raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
+    stripped = any(m in raw for m in _CONTROL_MARKERS) and _strip_control(body)
 
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' is required and must be a non-empty string", param="model")
+    model.encode("utf-8")  # UnicodeEncodeError for a lone surrogate: answered 400 above
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean", param="stream")
     max_tokens = _max_tokens(body)
-    _check_positive_int(body, "n")
+    _check_positive_int(body, "n", MAX_N)
 
     if endpoint == "completions":
         text, tokens, n_tokens = _completion_prompt(body.get("prompt"), chars_per_token)
     else:
         text = _chat_text(body.get("messages"), body.get("tools"))
         tokens, n_tokens = None, _estimate(text, chars_per_token)
-    return ParsedRequest(endpoint, body, model, stream, text, tokens, n_tokens, max_tokens)
+    return ParsedRequest(endpoint, body, model, stream, text, tokens, n_tokens, max_tokens, stripped)
+
+
+def _depth(value: Any) -> int:
+    """Deepest nesting of lists and objects in ``value``, without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:
+                break
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def _strip_control(body: dict[str, Any]) -> bool:
+    """Drop the PD control fields a client sent; True when there were any."""
+    found = [name for name in CONTROL_FIELDS if name in body]
+    for name in found:
+        del body[name]
+    return bool(found)
 
 
 def _estimate(text: str, chars_per_token: float) -> int:
     return max(1, round(len(text) / chars_per_token))
 
 
-def _check_positive_int(body: dict[str, Any], name: str) -> int | None:
+def _check_positive_int(body: dict[str, Any], name: str, limit: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequest(f"'{name}' must be a positive integer", param=name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise InvalidRequest(f"'{name}' must be an integer from 1 to {limit}", param=name)
     return value
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
-    a = _check_positive_int(body, "max_tokens")
-    b = _check_positive_int(body, "max_completion_tokens")
+    a = _check_positive_int(body, "max_tokens", MAX_TOKENS_LIMIT)
+    b = _check_positive_int(body, "max_completion_tokens", MAX_TOKENS_LIMIT)
     return b if b is not None else a
 
 
@@ -140,7 +193,7 @@ def _chat_text(messages: Any, tools: Any) -> str:
         if not isinstance(msg, dict):
             raise InvalidRequest(f"'{where}' must be an object", param="messages")
         role = msg.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:  # a dict or list is unhashable: TypeError, not 400
             raise InvalidRequest(f"'{where}.role' must be one of {sorted(_ROLES)}", param="messages")
         header = role
         if isinstance(msg.get("name"), str):

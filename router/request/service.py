@@ -11,14 +11,18 @@ are hooks on the attempt's lifecycle (router/request/lifecycle.py, hooks.py).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import math
 import random
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import httpx
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.config.model import RouterConfig
@@ -37,17 +41,19 @@ from router.request.attempts import AttemptOutcome, Retry, Served, Tried
 from router.request.hooks import standard_hooks
 from router.request.keys import route_request
 from router.request.admission import Admission
-from router.request.lifecycle import Abandon, Attempt, Hook, Lifecycle
+from router.request.overload import HeldResponse, Overload
+from router.request.continuation import Continuation, continuable
+from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
-from router.scheduling.framework import Policy
+from router.scheduling.framework import Policy, RouteRequest
 from router.engines.book import EngineBook
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, upstream_headers
+from router.upstream.relay import RelayResponse, Resumed, returned_pairs, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,7 @@ def request_slo(request: Request, default: float | None) -> float | None:
         value = float(raw) / 1000
     except ValueError:
         raise InvalidRequest("header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:  # nan compares false with everything: it would disable the check
         raise InvalidRequest("header x-ttft-slo-ms must be positive", code="invalid_header")
     return value
 
@@ -110,8 +116,11 @@ class RouterService:
         rng: random.Random | None = None,
         hooks: Sequence[Hook] = (),
         admission: Admission | None = None,
+        forward_authorization: bool = True,
     ) -> None:
         self.config = config
+        # False when the router checks API keys itself: a client's key is the router's, never an engine's
+        self.forward_authorization = forward_authorization
         self.pool = pool
         self.store = store
         self.policy = policy
@@ -123,7 +132,16 @@ class RouterService:
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
-        self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
+        self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)  # a JSON answer comes whole
+        # A stream's reads are bounded here instead: its first chunk by first_byte_timeout_s (per
+        # try, headers included), each later one by idle_timeout_s (router/upstream/relay.py).
+        self.overload = Overload(p.max_concurrent, p.max_queued, p.queue_timeout_s, config.health.retry_after_s)
+        self.stream_timeout = httpx.Timeout(connect=p.connect_timeout_s, read=None, write=p.request_timeout_s,
+                                            pool=p.request_timeout_s)
+
+    def _passive_failure(self, instance: str, *, fatal: bool = False) -> None:
+        if self.pool.passive_failure(instance, fatal=fatal):
+            self.metrics.ejections.labels(instance).inc()
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -137,20 +155,59 @@ class RouterService:
 
     async def proxy_inference(self, request: Request, endpoint: Endpoint) -> Response:
         try:
-            return await self._serve(request, endpoint)
+            await self.overload.acquire()
         except RouterError as error:
             self.metrics.rejected.labels(str(error.status)).inc()
             raise
+        try:
+            response = await self._serve(request, endpoint)
+        except BaseException as error:
+            self.overload.release()
+            if isinstance(error, RouterError):
+                self.metrics.rejected.labels(str(error.status)).inc()
+                raise
+            if isinstance(error, ClientDisconnect):  # gone while sending its body: nothing was booked, nobody to answer
+                log.info("request %s: client_disconnect while sending its body", assign_request_id(request.scope))
+                return Response(status_code=499)
+            raise
+        return response if self.overload.limit is None else HeldResponse(response, self.overload)
 
     async def _serve(self, request: Request, endpoint: Endpoint) -> Response:
         raw = await read_body(request, self.config.proxy.max_body_bytes)
         parsed = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
+        if parsed.stripped:  # the client's PD control fields never reach an engine
+            raw = json.dumps(parsed.body).encode()
         slo = request_slo(request, self.config.pd.ttft_slo_s)
         self.admission.check(parsed)  # unknown model 404, over-long prompt 400: what the engine would answer
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
+        if not self.forward_authorization:
+            headers.pop("authorization", None)
         tried = Tried()
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch_disconnect() -> None:  # until the answer starts, a gone client cancels the attempt
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tried.disconnected = True
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        try:
+            return await self._route(req, endpoint, parsed, raw, headers, request_id, tried, slo)
+        except asyncio.CancelledError:
+            if not tried.disconnected or task.uncancel() > 0:  # cancelled from outside, not by the watcher
+                raise
+            log.info("request %s: client_disconnect before the answer: upstream request cancelled", request_id)
+            return Response(status_code=499)
+        finally:
+            watcher.cancel()
+
+    async def _route(self, req: RouteRequest, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes,
+                     headers: dict[str, str], request_id: str, tried: Tried, slo: float | None,
+                     continuing: bool = False) -> Response:
         for _ in range(self.config.proxy.retries + self.config.pd.prefill_retries + 2):
             candidates = self.candidates(parsed.model, tried)
             tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
@@ -162,9 +219,43 @@ class RouterService:
                 break
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)
             if isinstance(outcome, Served):
-                return outcome.response
+                response = outcome.response
+                if (not continuing and isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
+                        and continuable(parsed.body, endpoint)):
+                    response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
+                return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))
+
+    def _continuation(self, relay: RelayResponse, endpoint: Endpoint, parsed: ParsedRequest, headers: dict[str, str],
+                      request_id: str, slo: float | None) -> Continuation:
+        """How ``relay``'s stream goes on if its engine breaks mid-way (router/request/continuation.py)."""
+        current = relay.detach().observer
+        failed: set[str] = set()
+
+        async def send(body: dict[str, Any]) -> Resumed | None:
+            nonlocal current
+            if isinstance(current, AttemptObserver):
+                failed.add(current.attempt.instance.id)
+            raw = json.dumps(body).encode()
+            again = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
+            req = route_request(again, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+            try:
+                response = await self._route(req, endpoint, again, raw, headers, request_id, Tried(exclude=set(failed)),
+                                             slo, continuing=True)
+            except RouterError as exc:
+                log.warning("request %s: no continuation after a mid-stream failure: %s", request_id, exc)
+                return None
+            if not isinstance(response, RelayResponse):  # an engine's error answer: nothing to go on with
+                return None
+            resumed = response.detach()
+            current = resumed.observer
+            log.info("request %s: stream continued on %s", request_id,
+                     current.attempt.instance.id if isinstance(current, AttemptObserver) else "?")
+            return resumed
+
+        return Continuation(parsed.body, endpoint, self.config.proxy.continuation_attempts, send,
+                            lambda result: self.metrics.continuations.labels(result).inc())
 
     async def _attempt(
         self, routed: Routed, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes, headers: dict[str, str],
@@ -177,20 +268,28 @@ class RouterService:
         await self.lifecycle.before_send(attempt)
         try:
             if prefill is None:
-                return await self._colocated(attempt, PATHS[endpoint], raw, headers, tried)
+                return await self._colocated(attempt, PATHS[endpoint], raw, headers, tried, parsed.stream)
             return await self._disaggregated(attempt, PATHS[endpoint], parsed, headers, tried)
         except BaseException as exc:  # a RouterError to answer, or the unforeseen: nothing stays booked
-            code = exc.code if isinstance(exc, RouterError) else type(exc).__name__
-            await self.lifecycle.abandon(attempt, Abandon("failed", code, (prefill or attempt.instance).id))
+            if isinstance(exc, asyncio.CancelledError) and tried.disconnected:
+                why = Abandon("client_disconnect", "client_disconnect", attempt.instance.id)
+            else:
+                code = exc.code if isinstance(exc, RouterError) else type(exc).__name__
+                why = Abandon("failed", code, (prefill or attempt.instance).id)
+            await self.lifecycle.abandon(attempt, why)
             raise
 
-    async def _colocated(self, attempt: Attempt, path: str, raw: bytes, headers: dict[str, str], tried: Tried) -> AttemptOutcome:
+    async def _colocated(self, attempt: Attempt, path: str, raw: bytes, headers: dict[str, str], tried: Tried,
+                         stream: bool) -> AttemptOutcome:
         inst = attempt.instance
         try:
-            upstream = await self.upstream.send(inst.url + path, raw, headers, self.timeout)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if stream else None):
+                upstream = await self.upstream.send(inst.url + path, raw, headers, self.stream_timeout if stream else self.timeout)
+                return await self._respond(upstream, attempt, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, inst, exc)
-        return await self._respond(upstream, attempt, tried)
+        except TimeoutError:
+            return await self._unreachable(attempt, inst, httpx.ReadTimeout("no first byte within first_byte_timeout_s"))
 
     async def _disaggregated(self, attempt: Attempt, path: str, parsed: ParsedRequest, headers: dict[str, str],
                              tried: Tried) -> AttemptOutcome:
@@ -198,21 +297,27 @@ class RouterService:
         assert prefill is not None
         legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background)
         try:
-            if decode.config.flavor == "sglang":
-                result = await run_sglang(legs, parsed.body, self.rng)
-            else:
-                result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if parsed.stream else None):
+                if decode.config.flavor == "sglang":
+                    result = await run_sglang(legs, parsed.body, self.rng)
+                else:
+                    result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
+                if result.missing_kv_params:
+                    self.metrics.pd_failures.labels(prefill.id, "no_kv_transfer_params").inc()
+                attempt.prefill_s = result.prefill_s
+                return await self._respond(result.decode, attempt, tried)
         except PrefillFailed as exc:
             return await self._prefill_failed(attempt, prefill, exc, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, decode, exc)
-        if result.missing_kv_params:
-            self.metrics.pd_failures.labels(prefill.id, "no_kv_transfer_params").inc()
-        attempt.prefill_s = result.prefill_s
-        return await self._respond(result.decode, attempt, tried)
+        except TimeoutError:
+            return await self._unreachable(attempt, decode, httpx.ReadTimeout("no first byte within first_byte_timeout_s"))
 
     async def _unreachable(self, attempt: Attempt, inst: Instance, exc: httpx.TransportError) -> Retry:
-        self.pool.record_failure(inst.id, fatal=isinstance(exc, httpx.ConnectError))
+        refused = isinstance(exc, httpx.ConnectError)
+        self._passive_failure(inst.id, fatal=refused)
+        if refused:  # nothing listens there: as definite as a failed check, and only a passing check undoes it
+            self.pool.record_failure(inst.id, fatal=True)
         reason = type(exc).__name__
         await self.lifecycle.abandon(attempt, Abandon("retry", reason, inst.id))
         return Retry(reason, exclude=inst.id, failure=transport_failure(inst.id, exc))
@@ -222,7 +327,7 @@ class RouterService:
             self.metrics.pd_failures.labels(prefill.id, "passed_to_client").inc()
             await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{exc.response.status_code}", prefill.id))
             return Served(exc.response)
-        self.pool.record_failure(prefill.id, fatal=exc.fatal)
+        self._passive_failure(prefill.id, fatal=exc.fatal)
         failure = UpstreamFailure(f"prefill failed on {prefill.id}: {exc}", code="prefill_failed")
         local_only = False
         if tried.prefill_failures + 1 <= self.config.pd.prefill_retries:
@@ -239,16 +344,45 @@ class RouterService:
 
     async def _respond(self, upstream: httpx.Response, attempt: Attempt, tried: Tried) -> AttemptOutcome:
         inst, status = attempt.instance, upstream.status_code
+        if 300 <= status < 400:  # an engine never redirects: a misconfigured URL, or not an engine at all
+            await upstream.aclose()
+            return await self._failed_early(attempt, str(status), UpstreamFailure(f"instance {inst.id} answered a redirect ({status})"))
         if status in RETRY_STATUSES and tried.candidates > 1 and len(tried.exclude) < self.config.proxy.retries:
             await upstream.aclose()
-            self.pool.record_failure(inst.id)
+            if status != 503:  # 503 is an engine saying it is busy: no fault of its own
+                self._passive_failure(inst.id)
             await self.lifecycle.abandon(attempt, Abandon("retry", str(status), inst.id))
             return Retry(str(status), exclude=inst.id, failure=RETRY_STATUSES[status](f"instance {inst.id} answered {status}"))
         if status >= 400:
             return Served(await self._pass_error(upstream, attempt))
-        self.pool.record_success(inst.id)
         attempt.streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
-        return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt)))
+        try:  # until the first chunk (a stream) or the whole body (JSON) is here, another instance can still answer
+            if attempt.streaming:
+                chunks = upstream.aiter_raw()
+                first = await anext(chunks, b"")
+            else:
+                body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            await upstream.aclose()
+            reason = type(exc).__name__
+            return await self._failed_early(attempt, reason, UpstreamFailure(
+                f"instance {inst.id} failed before its answer was complete ({reason})"))
+        except BaseException:
+            await upstream.aclose()
+            raise
+        await self.lifecycle.first_byte(attempt)
+        if attempt.streaming:
+            return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
+                                        self.config.proxy.idle_timeout_s))
+        with anyio.CancelScope(shield=True):
+            await self.lifecycle.end(attempt, "ok")
+        return Served(Response(body, status_code=status, headers=dict(returned_pairs(upstream))))
+
+    async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:
+        """The instance failed before anything reached the client: it counts against it, the next attempt goes elsewhere."""
+        self._passive_failure(attempt.instance.id)
+        await self.lifecycle.abandon(attempt, Abandon("retry", reason, attempt.instance.id))
+        return Retry(reason, exclude=attempt.instance.id, failure=failure)
 
     async def _pass_error(self, upstream: httpx.Response, attempt: Attempt) -> Response:
         """Upstream status and error body go back unchanged; nothing stays booked."""
@@ -259,7 +393,7 @@ class RouterService:
             raise UpstreamFailure(f"instance {inst.id} answered {status}, then failed sending the body") from None
         finally:
             await upstream.aclose()
-            if status >= 500:
-                self.pool.record_failure(inst.id)
+            if status >= 500 and status != 503:
+                self._passive_failure(inst.id)
         await self.lifecycle.abandon(attempt, Abandon("passed", f"http_{status}", inst.id))
         return Response(body, status_code=status, media_type=upstream.headers.get("content-type", "application/json"))

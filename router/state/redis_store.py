@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
+from router.state.breaker import Breaker, BreakerOpen
 from router.state.memory import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class RedisStore(StateStore):
         residency_ttl_s: float = 600.0,
         default_cap: int = 8192,
         timeout_s: float = 0.5,
+        breaker_failures: int = 3,
+        breaker_probe_s: float = 0.5,
     ) -> None:
         self._url = url
         self._prefix = "{" + key_prefix + "}"
@@ -66,6 +69,10 @@ class RedisStore(StateStore):
         self._remote: dict[str, Load] = {}  # last shared view of each instance's load
         self._refresher: asyncio.Task[None] | None = None
         self._round_trips = 0
+        self._breaker = Breaker(breaker_failures, breaker_probe_s)
+        # Bookings whose route call timed out: a hung Redis may still run it once it wakes up,
+        # which would leave phantom load until the lease ran out. Dropped once Redis answers again.
+        self._uncertain: set[str] = set()
         self.corrections = 0
         self.errors = 0
 
@@ -89,10 +96,23 @@ class RedisStore(StateStore):
     def round_trips(self) -> int:
         return self._round_trips
 
+    @property
+    def degraded(self) -> bool:
+        """True while the breaker holds Redis off: decisions use this replica's view only."""
+        return self._breaker.open
+
     async def _call(self, name: str, args: dict[str, Any]) -> Any:
         assert self._client is not None, "RedisStore.start() was not awaited"
+        if not self._breaker.allow():
+            raise BreakerOpen("state store breaker open")
         self._round_trips += 1
-        return await self._scripts[name](args=[self._prefix, json.dumps(args)])
+        try:
+            result = await self._scripts[name](args=[self._prefix, json.dumps(args)])
+        except (RedisError, OSError, asyncio.TimeoutError):
+            self._breaker.failure()
+            raise
+        self._breaker.success()
+        return result
 
     # -- reads ---------------------------------------------------------------------------
     @staticmethod
@@ -160,8 +180,13 @@ class RedisStore(StateStore):
             shared = self._parse_view(await self._call("route", args), instances)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self.errors += 1
-            log.warning("state store unreachable, deciding on the local view: %s", exc)
+            if not isinstance(exc, BreakerOpen):  # the breaker logged its opening once
+                log.warning("state store unreachable, deciding on the local view: %s", exc)
+                if len(self._uncertain) < 100_000:  # bounded: beyond it, the leases clean up
+                    self._uncertain.add(booking.id)
             return local, booking
+        if self._uncertain:
+            await self._settle()
         self._remote.update(shared.loads)
         for inst, depth in shared.matched.items():
             if depth:
@@ -222,13 +247,22 @@ class RedisStore(StateStore):
         self._caps.pop(instance, None)
         await self._best_effort("forget", {"instance": instance, "drop_load": True})
 
+    async def _settle(self) -> None:
+        """Drop the bookings a timed-out call may have made after all (idempotent: release of
+        an unknown booking does nothing)."""
+        ids, self._uncertain = self._uncertain, set()
+        for booking_id in ids:
+            if booking_id not in self._active:
+                await self._best_effort("release", {"id": booking_id})
+
     async def _best_effort(self, name: str, args: dict[str, Any]) -> None:
         # A failed release is not lost: the lease stops being refreshed and expires.
         try:
             await self._call(name, args)
         except (RedisError, OSError, asyncio.TimeoutError) as exc:
             self.errors += 1
-            log.warning("state store %s failed (lease will expire): %s", name, exc)
+            if not isinstance(exc, BreakerOpen):
+                log.warning("state store %s failed (lease will expire): %s", name, exc)
 
     async def _refresh_loop(self) -> None:
         period = max(0.05, self._lease_ms / 3000)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import anyio
@@ -44,6 +45,28 @@ class RelayObserver(Protocol):
     async def end(self, outcome: Outcome) -> None: ...
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """A new upstream stream that continues a broken one: its response, first chunk, the rest,
+    and the observer of its attempt."""
+
+    upstream: httpx.Response
+    first: bytes
+    chunks: AsyncIterator[bytes]
+    observer: RelayObserver
+
+
+class StreamContinuer(Protocol):
+    """Sees every chunk of a stream (and may rewrite it); asked to go on when the upstream breaks
+    (router/request/continuation.py)."""
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def flush(self) -> bytes: ...
+
+    async def resume(self) -> Resumed | None: ...
+
+
 def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, str]:
     headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
     headers["x-request-id"] = request_id
@@ -54,18 +77,30 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
+def returned_pairs(upstream: httpx.Response) -> list[tuple[str, str]]:
+    return [(k, upstream.headers[k]) for k in _RETURNED if k in upstream.headers]
+
+
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), upstream.headers[k].encode()) for k in _RETURNED if k in upstream.headers]
+    return [(k.encode(), v.encode()) for k, v in returned_pairs(upstream)]
 
 
 class RelayResponse(Response):
-    """An ASGI response that streams an upstream httpx response to the client.
+    """An ASGI response that streams an upstream event stream to the client.
 
-    ``request_id`` only names the request in log lines."""
+    Its headers are held until the first upstream chunk arrived (the caller reads ``first``,
+    so that a failure before it is still retried elsewhere); ``chunks`` yields the rest, each
+    within ``idle_timeout_s`` of the previous one. ``request_id`` only names the request in
+    log lines. A JSON answer is read whole by the caller instead: a body cut short must never
+    reach the client as a success."""
 
-    def __init__(self, upstream: httpx.Response, request_id: str, observer: RelayObserver) -> None:
+    def __init__(self, upstream: httpx.Response, request_id: str, observer: RelayObserver, first: bytes,
+                 chunks: AsyncIterator[bytes], idle_timeout_s: float | None = None,
+                 continuer: StreamContinuer | None = None) -> None:
         self.status_code, self.background = upstream.status_code, None
         self._upstream, self._request_id, self._observer = upstream, request_id, observer
+        self._first, self._chunks, self._idle = first, chunks, idle_timeout_s
+        self._continuer = continuer
         self._is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -94,31 +129,58 @@ class RelayResponse(Response):
                 await self._upstream.aclose()
                 await self._observer.end(outcome)
 
+    def continue_with(self, continuer: StreamContinuer) -> None:
+        self._continuer = continuer
+
+    def detach(self) -> Resumed:
+        """This response's stream, for a relay already under way (a continuation) to go on with."""
+        return Resumed(self._upstream, self._first, self._chunks, self._observer)
+
     async def _relay(self, send: Send) -> Outcome:
         await send({"type": "http.response.start", "status": self._upstream.status_code,
                     "headers": returned_headers(self._upstream)})
-        first = True
+        while True:
+            try:
+                return await self._pump(send)
+            except (httpx.HTTPError, TimeoutError) as exc:
+                log.warning("request %s: upstream failed mid-response: %s", self._request_id, type(exc).__name__)
+                resumed = None if self._continuer is None else await self._continuer.resume()
+                if resumed is None:
+                    if self._is_sse:
+                        await send({"type": "http.response.body", "body": _MID_STREAM, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return "upstream_error"
+            # the broken attempt ends here; the relay goes on with the one that continues it
+            with anyio.CancelScope(shield=True):
+                await self._upstream.aclose()
+                await self._observer.end("upstream_error")
+            self._upstream, self._first, self._chunks, self._observer = (
+                resumed.upstream, resumed.first, resumed.chunks, resumed.observer)
+
+    async def _pump(self, send: Send) -> Outcome:
         # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
         # end of the body in one write instead of two (same bytes, one syscall less).
         body = self._upstream.stream if isinstance(self._upstream.stream, UpstreamBody) else None
-        chunks: AsyncGenerator[bytes, None] = self._upstream.aiter_raw()  # type: ignore[assignment]
-        try:
-            async for chunk in chunks:
-                if first:
-                    first = False
-                    await self._observer.first_byte()
+        chunks, feed = self._chunks, self._continuer
+        loop = asyncio.get_running_loop()
+        chunk = self._first
+        async with asyncio.timeout(None) as idle:
+            while True:
+                if feed is not None:
+                    chunk = feed.feed(chunk)
                 if body is not None and body.complete:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
-                    await chunks.aclose()
+                    rest = b"" if feed is None else feed.flush()
+                    await send({"type": "http.response.body", "body": chunk + rest, "more_body": False})
                     return "ok"
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            log.warning("request %s: upstream failed mid-response: %s", self._request_id, type(exc).__name__)
-            if self._is_sse:
-                await send({"type": "http.response.body", "body": _MID_STREAM, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            return "upstream_error"
-        if first:
-            await self._observer.first_byte()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if self._idle is not None:  # armed while waiting on the engine only, not on a slow client
+                    idle.reschedule(loop.time() + self._idle)
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                idle.reschedule(None)
+        rest = b"" if feed is None else feed.flush()
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
         return "ok"

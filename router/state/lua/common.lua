@@ -14,19 +14,35 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Lua numbers are doubles and '%d' wraps above 2^63: every amount is clamped to [0, 2^52]
+-- (exact, and far above any real load) so no argument can corrupt the stored load, and a
+-- stored value that does not parse counts as idle instead of failing every later script.
+local LOAD_MAX = 4503599627370496
+
+local function clamp(x)
+  if x ~= x or x <= 0 then return 0 end  -- NaN and negatives
+  if x > LOAD_MAX then return LOAD_MAX end
+  return math.floor(x)
+end
+
+local function delta(x)
+  if x ~= x then return 0 end
+  return math.max(-LOAD_MAX, math.min(LOAD_MAX, x))
+end
+
 local function add_load(inst, req, pf, kv, tx)
   local k = P .. ':loads'
   local r, p, v, t = 0, 0, 0, 0
   local old = redis.call('HGET', k, inst)
   if old then
     local a, b, c, d = string.match(old, '^(%d+):(%d+):(%d+):(%d+)$')
-    r, p, v, t = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    if a then r, p, v, t = clamp(tonumber(a)), clamp(tonumber(b)), clamp(tonumber(c)), clamp(tonumber(d)) end
   end
-  r, p, v, t = math.max(0, r + req), math.max(0, p + pf), math.max(0, v + kv), math.max(0, t + tx)
+  r, p, v, t = clamp(r + delta(req)), clamp(p + delta(pf)), clamp(v + delta(kv)), clamp(t + delta(tx))
   if r + p + v + t == 0 then
     redis.call('HDEL', k, inst)  -- absent means idle: instances that come and go leave nothing behind
   else
-    redis.call('HSET', k, inst, string.format('%d:%d:%d:%d', r, p, v, t))
+    redis.call('HSET', k, inst, string.format('%.0f:%.0f:%.0f:%.0f', r, p, v, t))
   end
 end
 

@@ -10,10 +10,11 @@ engine driver, then streams or collects the tokens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Literal
 
 from starlette.requests import Request
@@ -101,7 +102,28 @@ async def _generate(http: Request, kind: Kind) -> Response:
     if gen.stream:
         body = _sse(rt, renderer, streams, leg, gen.include_usage, kind, drop_after)
         return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-    return await _collect(rt, renderer, streams, leg, drop_after, headers)
+    return await _unless_disconnected(http, _collect(rt, renderer, streams, leg, drop_after, headers))
+
+
+async def _unless_disconnected(http: Request, work: Awaitable[Response]) -> Response:
+    """As vLLM: a client that goes away before a JSON answer aborts its generation."""
+    task = asyncio.ensure_future(work)
+
+    async def gone() -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()  # _collect's finally aborts the requests
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return Response(status_code=499)
+    return task.result()
 
 
 def _abort_all(rt: EmulatorRuntime, streams: list[RequestStream], leg: Leg) -> None:

@@ -1,4 +1,5 @@
-"""Deterministic "generated" tokens: a function of seed, prompt and position.
+"""Deterministic "generated" tokens: a function of seed, prompt and position (a prompt ending
+in generated words continues where they left off: see :meth:`OutputSampler.request_key`).
 
 Why: clients, tests and trace replays must see the same completion for the
 same request on every run and on every engine (a decode engine in a PD pair
@@ -48,13 +49,23 @@ class OutputSampler:
         self._seed = seed & _MASK
         ids = [tokenizer.token_id(" " + w) for w in _WORDS]
         self._ids: tuple[int, ...] = tuple(ids)
+        self._word_ids: frozenset[int] = frozenset(ids)
         self._text: dict[int, str] = {i: " " + w for i, w in zip(ids, _WORDS)}
         self._json: dict[int, str] = {i: json.dumps(t) for i, t in self._text.items()}
 
     def request_key(self, prompt: Sequence[int]) -> int:
-        """Per-request key from the seed and the whole prompt."""
-        digest = xxhash.xxh3_64_intdigest(array("l", prompt).tobytes(), seed=self._seed)
-        return _mix(digest)
+        """Per-request key from the seed and the prompt.
+
+        A prompt that ends in words this sampler generates is treated as the same request,
+        further along: its key is the key of the prompt without them, advanced by their
+        number. So a continuation (prompt + what was generated so far, sent again after an
+        engine died mid-stream) goes on exactly as the unbroken run would have."""
+        words = self._word_ids
+        base = len(prompt)
+        while base > 0 and prompt[base - 1] in words:
+            base -= 1
+        digest = xxhash.xxh3_64_intdigest(array("l", prompt[:base]).tobytes(), seed=self._seed)
+        return (_mix(digest) + len(prompt) - base) & _MASK
 
     def token(self, key: int, position: int) -> int:
         """Token id generated at ``position`` (0 = first output token)."""

@@ -1,0 +1,163 @@
+"""Client connections: a cap below the file limit and a deadline for each request head.
+
+Why: uvicorn arms its keep-alive timeout only after a response, so a socket that connects
+and sends nothing (or one header byte now and then) is held forever; ~1,100 of them used up
+``nofile`` 1024 and denied service to everyone, with nothing logged. ``limit_concurrency``
+does not help (it answers 503 once a request head is complete, and holds the sockets).
+
+:class:`GuardedProtocols` is given to uvicorn as its ``http`` protocol factory (a picklable
+callable, so ``--workers N`` children get it too). Each connection beyond ``max_connections``
+is closed at once (logged, at most every 10 s); each request head (the first of a connection,
+and each later one from its first byte) must be complete within ``header_timeout_s`` and hold
+at most ``max_header_bytes`` (URL and headers), else 431 (httptools sets no limit of its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("router.gateway")
+
+_TOO_LARGE_BODY = (b'{"error": {"message": "request head exceeds the size limit", "type": "invalid_request_error", '
+                   b'"param": null, "code": "headers_too_large"}}')
+_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
+              b"content-length: " + str(len(_TOO_LARGE_BODY)).encode() + b"\r\n\r\n" + _TOO_LARGE_BODY)
+_FD_RESERVE = 64  # files the process needs besides client sockets (logs, Redis, metrics files)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+    max_header_bytes: int = 64 * 1024
+
+
+def connection_cap(configured: int, upstream_connections: int) -> int:
+    """``configured``, lowered so that client and engine sockets together stay below the soft
+    file limit (past it, accept() fails for everyone and nothing says why)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return configured
+    room = soft - upstream_connections - _FD_RESERVE
+    if room < configured:
+        log.warning("server.max_connections %d lowered to %d: the file limit is %d (%d kept for engine connections)",
+                    configured, max(1, room), soft, upstream_connections)
+    return max(1, min(configured, room))
+
+
+class _Refusals:
+    """Refused connections, logged at most every 10 s (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at = 0.0
+        self._logged_count = 0
+
+    def refused(self, cap: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._logged_at >= 10:
+            log.warning("connection cap reached (%d open): %d connection(s) refused since the last report",
+                        cap, self.count - self._logged_count)
+            self._logged_at, self._logged_count = now, self.count
+
+
+class GuardedProtocols:
+    """A factory of guarded httptools protocols for uvicorn's ``http`` setting."""
+
+    def __init__(self, limits: ConnectionLimits) -> None:
+        self.limits = limits
+        self.refusals = _Refusals()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"limits": self.limits}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["limits"])  # type: ignore[misc]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> GuardedHttpTools:
+        return GuardedHttpTools(self, *args, **kwargs)
+
+
+class GuardedHttpTools(HttpToolsProtocol):
+    def __init__(self, guard: GuardedProtocols, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._guard = guard
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0
+        self._refused = False  # the head was too large: answered 431, nothing more is read
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        full = len(self.connections) >= self._guard.limits.max_connections
+        super().connection_made(transport)
+        if full:
+            self._guard.refusals.refused(self._guard.limits.max_connections)
+            transport.abort()
+            return
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self._guard.limits.header_timeout_s, self._head_timeout)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            log.info("connection from %s closed: no complete request head within %.1fs",
+                     self.client[0] if self.client else "?", self._guard.limits.header_timeout_s)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._head_timer is None:  # a later request of a kept-alive connection
+            self._arm()
+
+    def _count(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > self._guard.limits.max_header_bytes and not self._refused:
+            self._refused = True
+            self._disarm()
+            self.transport.write(_TOO_LARGE)
+            self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        if not self._refused:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._refused:
+            super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)

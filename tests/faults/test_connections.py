@@ -1,0 +1,89 @@
+"""Issue 10, finding 8: idle sockets that send nothing used to be held forever and, past the
+file limit, denied service to every other client with nothing logged."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import uvicorn
+
+from router.config.model import load_config
+from router.gateway.app import create_app
+from router.gateway.connections import ConnectionLimits, GuardedProtocols, connection_cap
+from servers import FakeBackend, free_port, serve_app
+
+
+@contextmanager
+def guarded_router(backend: str, limits: ConnectionLimits) -> Iterator[str]:
+    app = create_app(load_config(overrides={"instances": [{"url": backend, "name": "a"}], "health": {"interval_s": 60}}))
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio",
+                            http=GuardedProtocols(limits), timeout_keep_alive=1)  # type: ignore[arg-type]
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def closed_by_peer(sock: socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 2}
+
+
+def test_idle_and_slow_heads_are_cut_and_the_cap_is_logged(caplog):
+    caplog.set_level(logging.INFO, logger="router")
+    with serve_app(FakeBackend("a").app()) as backend, \
+            guarded_router(backend, ConnectionLimits(max_connections=20, header_timeout_s=0.5)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]  # the cap, all silent
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", port))
+        assert closed_by_peer(extra, 2)  # beyond the cap: closed at once ...
+        assert any("connection cap reached" in r.getMessage() for r in caplog.records)  # ... and said so
+        assert all(closed_by_peer(s, 2) for s in idle)  # no request head within 0.5 s: closed
+        slow = socket.create_connection(("127.0.0.1", port))
+        for byte in b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n":  # a head that trickles in
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                break
+            time.sleep(0.05)
+        assert closed_by_peer(slow, 2)
+        with httpx.Client() as client:  # everyone else is served as before
+            assert client.post(f"{url}/v1/completions", json=BODY).status_code == 200
+            time.sleep(1.5)  # idle keep-alive connection: closed by timeout_keep_alive, reopened by httpx
+            assert client.post(f"{url}/v1/completions", json=BODY).status_code == 200
+        huge = httpx.post(f"{url}/v1/completions", json=BODY, headers={"x-big": "a" * 100_000})
+        assert huge.status_code == 431 and huge.json()["error"]["code"] == "headers_too_large"
+        for s in [*idle, extra, slow]:
+            s.close()
+
+
+def test_the_cap_stays_below_the_file_limit():
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert connection_cap(10**9, 1000) <= soft - 1000
+    assert connection_cap(10, 1000) == min(10, max(1, soft - 1064))
