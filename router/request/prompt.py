@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from router.core.errors import InvalidRequest
 
 Endpoint = Literal["completions", "chat"]
@@ -38,9 +40,9 @@ class ParsedRequest:
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    try:  # msgspec: the one parse of the body, ~4x faster than json.loads (docs/benchmarks.md)
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object", code="invalid_json")
