@@ -51,7 +51,8 @@ def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
             default_cap=default_cap,
             timeout_s=s.redis_timeout_s,
         )
-    return MemoryStore(caps, s.residency_ttl_s, default_cap)
+    w = config.policy.ttft  # a request in flight weighs its decode interference, in prefill tokens (load_index.py)
+    return MemoryStore(caps, s.residency_ttl_s, default_cap, request_tokens=w.decode_interference_s * w.prefill_tokens_per_s)
 
 
 def _store_counters(store: StateStore) -> dict[str, int]:
