@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import encode_post, new_event_loop, run_load  # noqa: E402
 from loadtests.machine import busy_processes, contention_note  # noqa: E402
-from loadtests.overhead import pd_router, request_bodies, router_source, zero_backend  # noqa: E402
+from loadtests.overhead import pd_router, request_bodies, router_source, run_profile, zero_backend  # noqa: E402
 from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools.process import free_port  # noqa: E402
@@ -177,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     p.add_argument("--no-redis", action="store_true", help="skip pd-router on the Redis store")
     p.add_argument("--baseline", metavar="REF", help="also measure pd-router (memory) as of this git commit")
+    p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                   help="then py-spy each pd-router (memory) target this long; print the hottest frames")
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = p.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
@@ -194,13 +196,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.baseline:
             rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], capture_output=True, text=True,
                                  check=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
-            old = stack.enter_context(pd_router(backends, stack.enter_context(router_source(args.baseline))))
+            source = stack.enter_context(router_source(args.baseline))
+            old = stack.enter_context(pd_router(backends, source))
             targets[f"pd-router@{rev}"] = (old.url, old.process.pid)
         if not args.no_redis:
             url, redis_pid = stack.enter_context(redis_server())
             red = stack.enter_context(pd_router(backends, redis_url=url))
             targets["pd-router (redis)"] = (red.url, red.process.pid)
             side["pd-router (redis)"] = redis_pid
+            if args.baseline:
+                old_red = stack.enter_context(pd_router(backends, source, redis_url=url))
+                targets[f"pd-router@{rev} (redis)"] = (old_red.url, old_red.process.pid)
+                side[f"pd-router@{rev} (redis)"] = redis_pid
         for peer in args.peers:
             try:
                 handle = stack.enter_context(peer_router(peer, Workers(regular=tuple(backends))))
@@ -213,7 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _, pid in targets.values():
             pin(pid, ROUTER_CORE)
         cells = measure(targets, side, args)
+        profiles = {name: run_profile(pid, url, args.profile, os.path.join(tempfile.gettempdir(), f"cpu-{os.getpid()}-{i}.stacks"),
+                                      request_bodies())
+                    for i, (name, (url, pid)) in enumerate(targets.items())
+                    if name.startswith("pd-router") and "redis" not in name} if args.profile else {}
     body = render(cells, list(targets), args)
+    for name, summary in profiles.items():
+        body += (f"\n\nProfile of {name} (py-spy, {args.profile:.0f} s, non-streaming, concurrency 16; % of samples):"
+                 f"\n\n```\n{summary}\n```")
     print(body)
     if args.write:
         method = (f"{args.rounds} interleaved rounds × {args.duration:.0f} s per cell after {args.warmup:.1f} s warm-up. "
