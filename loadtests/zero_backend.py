@@ -6,7 +6,8 @@ cost (almost) nothing and must not be the bottleneck on a 2-core machine. So thi
 keep-alive, and pre-encoded responses: no framework, no JSON decoding of the request.
 
 Answers:
-  POST /v1/completions, /v1/chat/completions  fixed small non-streaming JSON
+  POST /v1/completions, /v1/chat/completions  fixed small non-streaming JSON; with ``"stream": true``
+                                              in the body, a fixed chunked SSE answer (4 events + [DONE])
   POST /v1/completions/render, /tokenize      fixed token ids (vllm-router's cache_aware asks)
   GET  /health, /v1/models                    200
   anything else                               404 (routers tolerate it: /server_info, ...)
@@ -55,6 +56,31 @@ ROUTES: dict[tuple[bytes, bytes], bytes] = {
     (b"GET", b"/health"): _response("200 OK", {"status": "ok"}),
     (b"GET", b"/v1/models"): _response("200 OK", {"object": "list", "data": [{"id": "zero-model", "object": "model"}]}),
 }
+
+
+def _sse(events: list[object]) -> bytes:
+    """A chunked ``text/event-stream`` answer: one chunk per event, then ``[DONE]`` and the last chunk."""
+    frames = [f"data: {json.dumps(e, separators=(',', ':'))}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in frames) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
+    return head + chunks
+
+
+def _stream_events(chat: bool) -> list[object]:
+    def choice(text: str, finish: str | None) -> dict[str, object]:
+        if chat:
+            return {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    events: list[object] = [{"id": "zero", "object": kind, "created": 0, "model": "zero-model",
+                             "choices": [choice(t, "length" if i == 2 else None)]} for i, t in enumerate([" o", "k", "!"])]
+    events.append({"id": "zero", "object": kind, "created": 0, "model": "zero-model", "choices": [],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}})
+    return events
+
+
+STREAMS: dict[bytes, bytes] = {b"/v1/completions": _sse(_stream_events(False)),
+                               b"/v1/chat/completions": _sse(_stream_events(True))}
 _NOT_FOUND = _response("404 Not Found", {"error": {"message": "not found", "type": "not_found"}})
 
 
@@ -65,6 +91,7 @@ class ZeroProtocol(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
+        self._stream = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
@@ -79,12 +106,19 @@ class ZeroProtocol(asyncio.Protocol):
     # httptools callbacks -------------------------------------------------------------
     def on_url(self, url: bytes) -> None:
         self._url = url
+        self._stream = False
+
+    def on_body(self, body: bytes) -> None:
+        # no JSON decoding: a byte search is enough to tell a streaming request (cost stays ~0)
+        if b'"stream":true' in body or b'"stream": true' in body:
+            self._stream = True
 
     def on_message_complete(self) -> None:
         method = self._parser.get_method()
         path = self._url.split(b"?", 1)[0]
         if self._transport is not None:
-            self._transport.write(ROUTES.get((method, path), _NOT_FOUND))
+            answer = STREAMS.get(path) if self._stream and method == b"POST" else None
+            self._transport.write(answer or ROUTES.get((method, path), _NOT_FOUND))
             if not self._parser.should_keep_alive():
                 self._transport.close()
 

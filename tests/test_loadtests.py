@@ -114,3 +114,33 @@ def test_real_vllm_prediction_traffic_is_b2b_and_deterministic() -> None:
     assert 1 < len(systems) <= 4 and all(len(s) == 900 + len("Tenant 0 handbook. ") for s in systems)
     assert all(b["model"] == "tiny" and b["stream_options"] == {"include_usage": True} for b in first)
     assert len({b["messages"][1]["content"] for b in first}) == 30  # every question differs
+
+
+def test_zero_backend_streams_when_asked() -> None:
+    import httpx
+
+    with overhead.zero_backend(1) as (urls, _pid):
+        body = {"model": "zero-model", "prompt": "hi", "max_tokens": 4, "stream": True}
+        with httpx.Client(trust_env=False) as client:
+            r = client.post(f"{urls[0]}/v1/completions", json=body)
+            plain = client.post(f"{urls[0]}/v1/completions", json={**body, "stream": False})
+    assert r.headers["content-type"] == "text/event-stream" and r.text.endswith("data: [DONE]\n\n")
+    assert plain.json()["object"] == "text_completion"
+
+
+def test_cpu_per_request_end_to_end_without_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    from loadtests import cpu_per_request
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs two cores")
+    affinity = os.sched_getaffinity(0)
+    try:
+        assert cpu_per_request.main(["--peers", "--no-redis", "--concurrency", "2", "--duration", "0.3",
+                                     "--warmup", "0.1", "--rounds", "1"]) == 0
+    finally:
+        os.sched_setaffinity(0, affinity)  # the script pins its own process to the load core
+    out = capsys.readouterr().out
+    assert "| plain | 2 | pd-router |" in out and "| stream | 2 | pd-router |" in out
+    assert all(line.rstrip().endswith("| 0 |") for line in out.splitlines() if line.startswith("| plain") or line.startswith("| stream"))

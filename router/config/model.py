@@ -194,6 +194,9 @@ class PolicyConfig(_Strict):
     profiles: ProfilesConfig | None = Field(default=None, description="independent prefill and decode profiles instead of one pipeline")
     seed: int | None = Field(default=None, description="RNG seed for tie breaks (None = random)")
     default_max_tokens: int = Field(default=256, ge=1, description="output length assumed when a request sets none")
+    candidates: int = Field(default=16, ge=0, description=(
+        "colocated pools larger than twice this: score only the holders of the prompt's first block plus this many "
+        "least-loaded instances (router/scheduling/prune.py); 0 = score every instance"))
     ttft: TTFTWeights = Field(default_factory=TTFTWeights, description="weights of the ttft policy")
     cache_aware: CacheAwareWeights = Field(default_factory=CacheAwareWeights, description="thresholds of the cache_aware baseline")
 

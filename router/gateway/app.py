@@ -30,6 +30,7 @@ from router.engines.exported import EngineCollector
 from router.engines.external import ExternalLoadPolicy
 from router.engines.poller import EnginePoller
 from router.gateway.errors import install_error_handlers
+from router.gateway.fastpath import RouterApp
 from router.gateway.explain import explain
 from router.request.admission import Admission
 from router.request.lifecycle import Hook
@@ -59,7 +60,8 @@ def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
             breaker_failures=s.breaker_failures,
             breaker_probe_s=s.breaker_probe_s,
         )
-    return MemoryStore(caps, s.residency_ttl_s, default_cap)
+    w = config.policy.ttft  # a request in flight weighs its decode interference, in prefill tokens (load_index.py)
+    return MemoryStore(caps, s.residency_ttl_s, default_cap, request_tokens=w.decode_interference_s * w.prefill_tokens_per_s)
 
 
 def _store_counters(store: StateStore) -> dict[str, int]:
@@ -72,7 +74,7 @@ def _store_counters(store: StateStore) -> dict[str, int]:
 
 
 def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Sequence[Hook] = (),
-               live: LiveOptions | None = None) -> FastAPI:
+               live: LiveOptions | None = None) -> RouterApp:
     """The router app. ``hooks`` subscribe to every attempt's lifecycle (router/request/lifecycle.py)
     after the standard ones: booking, calibration, metrics, access log. ``live`` says where the
     config comes from, for reloads (router/gateway/live.py)."""
@@ -129,7 +131,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         finally:
             await upstream.aclose()
 
-    app = FastAPI(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = RouterApp(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.pool = pool
     app.state.store = store
@@ -159,6 +161,9 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
     app.add_route("/v1/completions", completions, methods=["POST"], include_in_schema=False)
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=False)
+    # ... and served by a bare ASGI front (fastpath.py) while no other middleware is installed
+    app.fast_routes = {"/v1/completions": completions, "/v1/chat/completions": chat_completions}
+    app.retry_after_s = config.health.retry_after_s
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 from router.core.errors import InvalidRequest
 
 Endpoint = Literal["completions", "chat"]
@@ -52,10 +54,10 @@ class ParsedRequest:
 
 
 def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    try:  # msgspec: the one parse of the body, ~4x faster than json.loads (docs/benchmarks.md)
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        body = _stdlib_decode(raw, exc)  # msgspec refuses lone surrogates, which JSON (and engines) allow
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -90,6 +92,17 @@ def _parse(body: dict[str, Any], raw: bytes, endpoint: Endpoint, chars_per_token
         text = _chat_text(body.get("messages"), body.get("tools"))
         tokens, n_tokens = None, _estimate(text, chars_per_token)
     return ParsedRequest(endpoint, body, model, stream, text, tokens, n_tokens, max_tokens, stripped)
+
+
+def _stdlib_decode(raw: bytes, first: Exception) -> Any:
+    """The rare body msgspec refuses: valid JSON for the standard library only when it holds
+    an escaped lone surrogate (a prompt's business, hashed and forwarded as sent)."""
+    if b"\\u" not in raw:
+        raise InvalidRequest(f"request body is not valid JSON: {first}", code="invalid_json") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 def _depth(value: Any) -> int:

@@ -47,6 +47,7 @@ from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Li
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
 from router.scheduling.calibration import Calibrator
+from router.scheduling.prune import Pruner
 from router.scheduling.decide import Routed, decide
 from router.scheduling.framework import Policy, RouteRequest
 from router.engines.book import EngineBook
@@ -130,6 +131,7 @@ class RouterService:
         self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), *hooks])
         self.rng = rng or random.SystemRandom()
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
+        self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)  # a JSON answer comes whole
@@ -214,7 +216,8 @@ class RouterService:
             if not tried.candidates:
                 break
             try:  # SLORejected (429) goes straight to the client
-                routed = await decide(self.store, self.policy, req, [c.candidate for c in candidates], self.metrics, slo)
+                routed = await decide(self.store, self.policy, req, [c.candidate for c in candidates], self.metrics, slo,
+                                      self.pruner)
             except NoRoute:
                 break
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)

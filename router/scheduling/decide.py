@@ -10,6 +10,7 @@ from router.core.errors import SLORejected
 from router.core.metrics import Metrics
 from router.core.instances import Candidate
 from router.scheduling.framework import Decision, Policy, RouteRequest, route_key
+from router.scheduling.prune import Pruner
 from router.state.base import Booking, Leg, Snapshot, StateStore
 
 
@@ -74,8 +75,14 @@ async def decide(
     candidates: Sequence[Candidate],
     metrics: Metrics | None = None,
     slo_s: float | None = None,
+    pruner: Pruner | None = None,
 ) -> Routed:
-    """Choose and book a route for ``req`` among ``candidates``."""
+    """Choose and book a route for ``req`` among ``candidates`` (with a ``pruner``, among the
+    holders of its first block and the least loaded of them: prune.py)."""
+    if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
+        pruned = pruner.prune(store, req, candidates)
+        if pruned is not None:
+            candidates, req = pruned.candidates, pruned.request
     chooser = RequestChooser(policy, req, candidates, slo_s)
     started = time.perf_counter()
     snap, booking = await store.decide(req.keys, [c.id for c in candidates], chooser)

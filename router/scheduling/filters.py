@@ -29,8 +29,10 @@ class BoundedLoadFilter:
         self._slack = slack
 
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
-        total = sum(v.load.requests for v in routes) + 1  # count this request too
-        mean = total / len(routes)
+        if req.population is not None:  # the routes were pruned: the pool's mean, not theirs
+            mean = (req.population[0] + 1) / req.population[1]
+        else:
+            mean = (sum(v.load.requests for v in routes) + 1) / len(routes)  # count this request too
         bound = max(self._factor * mean, mean + self._slack)
         return [v for v in routes if v.load.requests + 1 <= bound], None
 

@@ -28,6 +28,9 @@ class RouteRequest:
     prompt_tokens: int
     max_tokens: int
     block_tokens: int
+    # (requests in flight, instances) over every candidate, set when the candidates were
+    # pruned (prune.py), so whole-pool filters (bounded_load) keep their whole-pool view
+    population: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

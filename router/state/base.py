@@ -9,9 +9,12 @@ keeps a burst of identical prefixes from seeing stale scores and herding.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from router.state.load_index import LoadIndex
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,15 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def forget_instance(self, instance: str) -> None:
         """Drop an instance's residency (it restarted or left): its cache is gone."""
+
+    def load_index(self) -> LoadIndex | None:
+        """Loaded instances in load-key order, for candidate pruning; None when this store
+        keeps none (pruning then stays off and every candidate is scored)."""
+        return None
+
+    def first_block_holders(self, key: int) -> Collection[str]:
+        """Instances holding block ``key`` now (only they can match a prompt that starts with it)."""
+        return ()
 
     def set_capacity(self, instance: str, cap: int) -> None:
         """Keep at most ``cap`` residency entries for ``instance`` from now on: one that joined

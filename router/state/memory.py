@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
+from router.state.load_index import LoadIndex
 from router.state.residency import ResidencyIndex
 
 
@@ -23,8 +24,12 @@ class MemoryStore(StateStore):
         residency_ttl_s: float = 600.0,
         default_cap: int = 8192,
         clock: Callable[[], float] = time.monotonic,
+        request_tokens: float = 16.0,
     ) -> None:
+        """``request_tokens``: what one request in flight weighs in the load index, in prefill
+        tokens (load_index.py; the ttft defaults give 0.002 s x 8000 tokens/s = 16)."""
         self._caps = dict(caps)
+        self._index = LoadIndex(request_tokens)
         self._default_cap = default_cap
         self._clock = clock
         self._residency = ResidencyIndex(residency_ttl_s)
@@ -43,6 +48,12 @@ class MemoryStore(StateStore):
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         return self.snapshot_now(keys, instances)
+
+    def load_index(self) -> LoadIndex:
+        return self._index
+
+    def first_block_holders(self, key: int) -> list[str]:
+        return self._residency.holders(key, self._clock())
 
     # -- writes --------------------------------------------------------------------------
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
@@ -102,6 +113,7 @@ class MemoryStore(StateStore):
     async def drop_instance(self, instance: str) -> None:
         self._residency.forget(instance)
         self._loads.pop(instance, None)
+        self._index.update(instance, None)
         self._caps.pop(instance, None)
 
     def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
@@ -116,3 +128,4 @@ class MemoryStore(StateStore):
             self._loads.pop(instance, None)
         else:
             self._loads[instance] = new
+        self._index.update(instance, new)

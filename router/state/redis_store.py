@@ -1,5 +1,11 @@
 """Shared state in Redis, for several router replicas.
 
+At most two round trips per request, whatever its kind: the decision, and the release.
+The first byte's write (prefill done) needs no answer, so it waits in a queue and rides
+along with this replica's next round trip (any request's decision or release, or a timer
+``flush_s`` later), pipelined in front of it, so reads still see every earlier write; a
+release that finds it still queued supersedes it (dropping the booking subsumes it).
+
 One round trip per routing decision: the policy chooses on this replica's local mirror
 (a MemoryStore fed by every answer Redis gives), then a Lua script atomically looks up
 the authoritative view and books the choice. If the authoritative view would not have
@@ -24,7 +30,7 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
 from router.state.breaker import Breaker, BreakerOpen
@@ -32,7 +38,7 @@ from router.state.memory import MemoryStore
 
 log = logging.getLogger(__name__)
 
-_SCRIPTS = ("route", "lookup", "move", "prefill_done", "release", "abandon", "refresh", "forget")
+_SCRIPTS = ("route", "lookup", "move", "batch", "abandon", "refresh", "forget")
 
 
 def _load_scripts() -> dict[str, str]:
@@ -54,8 +60,13 @@ class RedisStore(StateStore):
         timeout_s: float = 0.5,
         breaker_failures: int = 3,
         breaker_probe_s: float = 0.5,
+        flush_s: float = 0.005,
     ) -> None:
         self._url = url
+        self._flush_s = flush_s
+        self._queued: dict[str, str] = {}  # booking id -> batched write ('P' prefill done, 'R' release)
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
         self._prefix = "{" + key_prefix + "}"
         self._caps = dict(caps)
         self._default_cap = default_cap
@@ -82,9 +93,18 @@ class RedisStore(StateStore):
             self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s, decode_responses=True
         )
         self._scripts = {name: self._client.register_script(src) for name, src in _load_scripts().items()}
+        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):  # else loaded on first use
+            await self._load_scripts()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
 
     async def close(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        if self._queued and self._client is not None:
+            await self._send_queued()
+        for task in list(self._flushing):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -102,17 +122,83 @@ class RedisStore(StateStore):
         return self._breaker.open
 
     async def _call(self, name: str, args: dict[str, Any]) -> Any:
+        """One script, in one round trip, with the queued writes pipelined in front of it."""
         assert self._client is not None, "RedisStore.start() was not awaited"
         if not self._breaker.allow():
             raise BreakerOpen("state store breaker open")
         self._round_trips += 1
         try:
-            result = await self._scripts[name](args=[self._prefix, json.dumps(args)])
+            result = await self._send(name, args)
         except (RedisError, OSError, asyncio.TimeoutError):
             self._breaker.failure()
             raise
         self._breaker.success()
         return result
+
+    async def _send(self, name: str, args: dict[str, Any]) -> Any:
+        assert self._client is not None
+        if not self._queued:
+            return await self._scripts[name](args=[self._prefix, json.dumps(args)])
+        queued = self._take_queued()
+        for attempt in (1, 2):
+            # evalsha straight on the pipeline: redis-py's Script on a pipeline would first
+            # ask SCRIPT EXISTS, one more round trip on every call
+            pipe = self._client.pipeline(transaction=False)
+            pipe.evalsha(self._scripts["batch"].sha, 0, self._prefix, "{}", *queued)
+            pipe.evalsha(self._scripts[name].sha, 0, self._prefix, json.dumps(args))
+            try:
+                return (await pipe.execute())[1]
+            except NoScriptError:  # Redis restarted or was flushed: load them, once
+                if attempt == 2:
+                    raise
+                await self._load_scripts()
+            except BaseException:
+                for i in range(0, len(queued), 2):  # not sent: they go with the next round trip
+                    self._queued.setdefault(queued[i + 1], queued[i])
+                raise
+        raise AssertionError("unreachable")
+
+    async def _load_scripts(self) -> None:
+        assert self._client is not None
+        for script in self._scripts.values():
+            await self._client.script_load(script.script)
+
+    def _take_queued(self) -> list[str]:
+        flat = [part for booking_id, op in self._queued.items() for part in (op, booking_id)]
+        self._queued = {}
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        return flat
+
+    def _queue(self, booking_id: str, op: str) -> None:
+        self._queued[booking_id] = op
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_later)
+
+    def _flush_later(self) -> None:
+        self._flush_timer = None
+        if self._queued:
+            task = asyncio.get_running_loop().create_task(self._send_queued(), name="pd-router-state-flush")
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _send_queued(self) -> None:
+        """The queued writes alone, in one round trip (a release, or the timer)."""
+        assert self._client is not None, "RedisStore.start() was not awaited"
+        if not self._queued:
+            return
+        if not self._breaker.allow():  # held off: the writes wait for Redis (or their leases expire)
+            return
+        queued = self._take_queued()
+        self._round_trips += 1
+        try:
+            await self._scripts["batch"](args=[self._prefix, "{}", *queued])
+            self._breaker.success()
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self._breaker.failure()
+            self.errors += 1
+            log.warning("state store batch of %d writes failed (leases will expire): %s", len(queued) // 2, exc)
 
     # -- reads ---------------------------------------------------------------------------
     @staticmethod
@@ -219,18 +305,20 @@ class RedisStore(StateStore):
 
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
-        if booking.id in self._active:
-            await self._best_effort("prefill_done", {"id": booking.id})
+        if booking.id in self._active and booking.id not in self._queued:
+            self._queue(booking.id, "P")  # no round trip of its own: see the module docstring
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)
         if self._active.pop(booking.id, None) is not None:
-            await self._best_effort("release", {"id": booking.id})
+            self._queued[booking.id] = "R"  # supersedes a queued prefill done of the same booking
+            await self._send_queued()  # with every other write queued: one round trip
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self._mirror.abandon(booking, held)
         undo = {i: [str(k) for k in booking.keys[held.get(i, 0):]] for i in booking.instances}
         if self._active.pop(booking.id, None) is not None:
+            self._queued.pop(booking.id, None)  # the abandon drops the booking: nothing queued for it is left to do
             await self._best_effort("abandon", {"id": booking.id, "undo": undo})
 
     async def forget_instance(self, instance: str) -> None:
@@ -253,7 +341,8 @@ class RedisStore(StateStore):
         ids, self._uncertain = self._uncertain, set()
         for booking_id in ids:
             if booking_id not in self._active:
-                await self._best_effort("release", {"id": booking_id})
+                self._queued[booking_id] = "R"
+        await self._send_queued()  # all of them in one batched round trip
 
     async def _best_effort(self, name: str, args: dict[str, Any]) -> None:
         # A failed release is not lost: the lease stops being refreshed and expires.

@@ -66,6 +66,10 @@ class ResidencyIndex:
             result[inst] = lo
         return result
 
+    def holders(self, key: int, now: float) -> list[str]:
+        """Instances whose entry for ``key`` has not expired."""
+        return [inst for inst, expiry in self._holders.get(key, {}).items() if expiry > now]
+
     def forget(self, instance: str) -> None:
         for key in self._lru.pop(instance, ()):
             self._drop(key, instance)

@@ -99,3 +99,42 @@ async def test_unreachable_redis_falls_back_to_local_view(key_prefix):
         await store.release(b)  # best effort, must not raise
     finally:
         await store.close()
+
+
+async def test_at_most_two_round_trips_per_request_whatever_its_kind(redis_url, key_prefix):
+    store = await started(redis_url, key_prefix, flush_s=10.0)  # no timer flush during the test
+    observer = await started(redis_url, key_prefix)
+    try:
+        for i, streams in enumerate([True, False, True]):
+            before = store.round_trips
+            _, b = await store.decide([i], INSTANCES, GreedyChooser(f"kind{i}", [i], only="a"))
+            if streams:  # the first byte of an answer: queued, no round trip of its own
+                await store.prefill_done(b)
+            await store.release(b)
+            assert store.round_trips - before == 2
+            assert (await observer.snapshot([], INSTANCES)).loads["a"].requests == 0
+    finally:
+        await store.close()
+        await observer.close()
+
+
+async def test_a_queued_first_byte_reaches_other_replicas_with_the_next_round_trip_or_the_timer(redis_url, key_prefix):
+    store = await started(redis_url, key_prefix, flush_s=0.05)
+    observer = await started(redis_url, key_prefix)
+    try:
+        _, one = await store.decide([1], INSTANCES, GreedyChooser("q1", [1], only="a"))
+        await store.prefill_done(one)
+        assert (await observer.snapshot([], INSTANCES)).loads["a"].prefill_tokens > 0  # still queued here
+        trips = store.round_trips
+        _, two = await store.decide([2], INSTANCES, GreedyChooser("q2", [2], only="b"))  # carries it along
+        assert store.round_trips - trips == 1
+        assert (await observer.snapshot([], INSTANCES)).loads["a"].prefill_tokens == 0
+        await store.prefill_done(two)
+        await asyncio.sleep(0.2)  # nothing else happens: the timer sends it
+        assert (await observer.snapshot([], INSTANCES)).loads["b"].prefill_tokens == 0
+        await store.release(one)
+        await store.release(two)
+        assert (await observer.snapshot([], INSTANCES)).loads["a"].requests == 0
+    finally:
+        await store.close()
+        await observer.close()

@@ -1,1 +1,0 @@
-return drop_booking(A.id)

@@ -1,0 +1,92 @@
+"""Candidate pruning (router/scheduling/prune.py) against scoring every instance.
+
+On a replayed synthetic trace, each decision is made twice on the same store state: once
+over every instance (the reference, nothing booked) and once pruned (booked, so the replay
+goes on). Agreement, precisely: the pruned choice is in the reference's near-tie set
+(``Decision.acceptable``: estimates within ``tie_tolerance`` of the best), i.e. a choice
+full scoring could itself have made.
+"""
+
+import random
+
+import pytest
+
+from router.core.instances import Candidate
+from router.scheduling import RouteRequest
+from router.scheduling.decide import decide as real_decide
+from router.scheduling.prune import Pruner
+from router.state.base import Booking, Load
+from router.state.load_index import LoadIndex
+from router.state.memory import MemoryStore
+from router.tools.replay import sim as sim_module
+from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.run import policy_for
+from router.tools.replay.sim import Simulation
+from router.tools.replay.synthetic import generate
+
+
+@pytest.mark.parametrize("workload", ["shared_prefix:groups=12,users=4,system=3000,question=400,stages=6x20",
+                                      "dispersed:requests=300,rate=12,input=2048,output=64"])
+def test_pruned_decisions_are_ones_full_scoring_accepts(monkeypatch, workload):
+    spec = ClusterSpec(mixed=24)
+    sim = Simulation(generate(workload, seed=3), spec, policy_for("ttft", spec, 0))
+    pruner = Pruner(4, random.Random(1))
+    stats = {"decisions": 0, "pruned_to": 0, "same": 0}
+
+    async def both(store, policy, req, candidates, *args, **kwargs):
+        reference = policy.choose(req, candidates, store.snapshot_now(req.keys, [c.id for c in candidates]))
+        pruned = pruner.prune(store, req, candidates)
+        assert pruned is not None and len(pruned.candidates) < len(candidates)
+        routed = await real_decide(store, policy, req, candidates, pruner=pruner)
+        assert routed.decision.instance in reference.acceptable, (req.id, routed.decision.instance, reference.acceptable)
+        stats["decisions"] += 1
+        stats["pruned_to"] += len(pruned.candidates)
+        stats["same"] += routed.decision.instance == reference.instance
+        return routed
+
+    monkeypatch.setattr(sim_module, "decide", both)
+    sim.run()
+    assert stats["decisions"] == len(sim.trace.requests)
+    assert stats["pruned_to"] / stats["decisions"] < 12  # tens of instances at most, here well under half of 24
+
+
+def test_holders_and_least_loaded_are_kept_and_pool_mean_is_carried():
+    store = MemoryStore({}, 600.0, default_cap=100)
+    cands = [Candidate(f"i{n}", cache_tokens=10_000, prefill_tokens_per_s=8000) for n in range(20)]
+    keys = (11, 12, 13)
+
+    class Book:
+        def __init__(self, inst, n, prefill, k=()):
+            self.b = Booking.single(f"{inst}-{n}", inst, prefill, 10, list(k))
+
+        def __call__(self, snap):
+            return self.b
+
+    import asyncio
+
+    async def setup():
+        await store.decide(keys, ["i19"], Book("i19", 0, 5000, keys))  # a busy holder
+        for n in range(18):  # every other instance busy except i3, i7
+            if n not in (3, 7):
+                await store.decide((), [f"i{n}"], Book(f"i{n}", 0, 100 * n))
+    asyncio.run(setup())
+    req = RouteRequest("r", keys, 3 * 16, 8, 16)
+    pruned = Pruner(3, random.Random(0)).prune(store, req, cands)
+    ids = [c.id for c in pruned.candidates]
+    assert ids[0] == "i19"  # holder first, whatever its load
+    assert set(ids[1:]) == {"i3", "i7", "i18"}  # the idle ones, before any loaded one
+    assert set(Pruner(5, random.Random(0)).prune(store, req, cands).candidates) >= {cands[0], cands[1]}  # then least key
+    assert pruned.request.population == (17, 20)
+    # nothing to prune in a small pool
+    assert Pruner(16, random.Random(0)).prune(store, req, cands) is None
+
+
+def test_load_index_orders_and_totals():
+    index = LoadIndex(request_tokens=10)
+    index.update("a", Load(2, 100, 0, 0))
+    index.update("b", Load(1, 0, 0, 0))
+    index.update("c", Load(1, 500, 0, 0))
+    assert list(index.ascending()) == ["b", "a", "c"] and index.total_requests == 4
+    index.update("a", Load(0, 0, 0, 0))
+    index.update("c", Load(1, 5, 0, 0))
+    assert list(index.ascending()) == ["b", "c"] and index.total_requests == 2
