@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from router.config.precise import HashingMode, KVEventsConfig, TokensConfig
+
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
 PolicyName = Literal[
@@ -97,14 +99,23 @@ class StateConfig(_Strict):
 
 
 class HashingConfig(_Strict):
+    mode: HashingMode = Field(default="chars", description="chars: keys over characters of the prompt; tokens: "
+                              "over the engine's token blocks (needed for keys that meet the engines' KV events)")
     block_chars: int = Field(default=256, ge=8, description="characters per block key")
     chars_per_token: float = Field(default=4.0, gt=0, description="estimate used to turn characters into tokens")
     max_blocks: int = Field(default=4096, ge=1, description="longest prefix (in blocks) the router tracks")
     seed: int = Field(default=0, ge=0, lt=2**64)
+    tokens: TokensConfig = Field(default_factory=TokensConfig)
+
+    @property
+    def text_block_tokens(self) -> int:
+        """Tokens a character block stands for (an estimate)."""
+        return max(1, round(self.block_chars / self.chars_per_token))
 
     @property
     def block_tokens(self) -> int:
-        return max(1, round(self.block_chars / self.chars_per_token))
+        """Tokens per key of a token prompt: the engine block size in token mode."""
+        return self.tokens.block_size if self.mode == "tokens" else self.text_block_tokens
 
 
 class TTFTWeights(_Strict):
@@ -202,6 +213,7 @@ class RouterConfig(BaseSettings):
     pd: PDConfig = Field(default_factory=PDConfig)
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig)
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":

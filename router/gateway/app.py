@@ -24,6 +24,7 @@ from router.gateway.explain import explain
 from router.core.health import HealthChecker
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
+from router.kvevents import precise_store
 from router.scheduling import build_policy
 from router.upstream.pool import UpstreamTransport
 from router.request.service import RouterService
@@ -62,8 +63,8 @@ def _store_counters(store: StateStore) -> dict[str, int]:
 def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI:
     pool = InstancePool(config)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
-    store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(store))
+    store, kv_ingest = precise_store(config, pool, store or build_store(config, caps), metrics.registry)
     policy = build_policy(config.policy, config.pd if pool.disaggregated else None)
     for instance_id, problem in pool.compat_report().items():
         log.warning("instance %s can never be paired: %s", instance_id, problem)
@@ -77,6 +78,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
             # with someone else's request, so the jar accepts none.
             client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
             await store.start()
+            if kv_ingest is not None:
+                await kv_ingest.start(client)
             checker = HealthChecker(pool, client, config.health, store.forget_instance)
             await checker.check_all()
             task = asyncio.create_task(checker.run(), name="pd-router-health")
@@ -87,12 +90,15 @@ def create_app(config: RouterConfig, store: StateStore | None = None) -> FastAPI
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                if kv_ingest is not None:
+                    await kv_ingest.close()
                 await store.close()
 
     app = FastAPI(title="pd-router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.pool = pool
     app.state.store = store
+    app.state.kv_events = kv_ingest
     app.state.metrics = metrics
 
     @app.exception_handler(RouterError)

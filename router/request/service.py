@@ -32,6 +32,7 @@ from router.scheduling.pd import NoRoute
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.upstream.relay import Outcome, RelayResponse, send_upstream, upstream_headers
 from router.request.keys import route_request
+from router.request.tokenize import build_tokenizer
 from router.scheduling.decide import Routed, SLORejected, decide
 from router.state.base import StateStore
 
@@ -103,6 +104,7 @@ class RouterService:
         self.calibrator = calibrator or Calibrator(config.calibration)
         self.rng = rng or random.SystemRandom()
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
+        self.tokenizer = build_tokenizer(config.hashing, pool, client)  # token mode only
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)
 
@@ -123,6 +125,8 @@ class RouterService:
             raise self._reject(error) from None
         incoming = request.headers.get("x-request-id", "")
         request_id = incoming if _REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        if self.tokenizer is not None:
+            parsed = await self.tokenizer.apply(parsed)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         tried = _Attempts()

@@ -1,0 +1,109 @@
+"""ZMQ sockets of KV-event ingestion, on the event loop (``zmq.asyncio``), never blocking it.
+
+Two topologies, as vLLM's publisher binds for ``tcp://*:PORT`` and connects when its
+endpoint names a host:
+
+* connected: one SUB per engine, connected to the engine's PUB; every message on it is
+  that engine's;
+* bound: one SUB bound by the router, that engines' PUBs connect to; the topic frame
+  tells the engines apart (so each needs its own, e.g. ``kv@<instance>``).
+
+A receive loop handles what is queued, yielding to the event loop every ``_YIELD_EVERY``
+messages so a burst of events never holds requests back. Memory stays bounded by the
+socket's receive high-water mark: what does not fit is dropped by ZMQ and shows up as a
+sequence gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import zmq
+import zmq.asyncio
+
+from router.kvevents.wire import WireError, decode_seq
+
+log = logging.getLogger(__name__)
+
+_YIELD_EVERY = 64
+_END = -1
+
+Handler = Callable[[bytes, int, bytes], None]
+"""(topic, sequence, payload) of one message."""
+
+
+def split_frames(frames: list[bytes]) -> tuple[bytes, int, bytes]:
+    """``[topic, seq, payload]`` (or ``[seq, payload]`` from a publisher without topics)."""
+    if len(frames) == 3:
+        topic, seq, payload = frames
+    elif len(frames) == 2:
+        topic, (seq, payload) = b"", frames
+    else:
+        raise WireError(f"a KV-event message has 3 frames, not {len(frames)}")
+    return topic, decode_seq(seq), payload
+
+
+def sub_socket(ctx: zmq.asyncio.Context, hwm: int, topics: list[str]) -> zmq.asyncio.Socket:
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.LINGER, 0)
+    for topic in topics or [""]:
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    return sock
+
+
+async def receive_loop(sock: zmq.asyncio.Socket, handle: Handler, name: str, on_error: Callable[[], None]) -> None:
+    """Hand every message on ``sock`` to ``handle`` until cancelled."""
+    n = 0
+    while True:
+        frames = await sock.recv_multipart()
+        try:
+            topic, seq, payload = split_frames(frames)
+        except WireError as exc:
+            on_error()
+            log.warning("kv events on %s: %s", name, exc)
+            continue
+        try:
+            handle(topic, seq, payload)
+        except Exception:  # noqa: BLE001 - a bad message must not end ingestion
+            on_error()
+            log.exception("kv events on %s: message %d not applied", name, seq)
+        n += 1
+        if n % _YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+
+
+async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout_s: float) -> list[tuple[int, bytes]] | None:
+    """Ask a publisher's replay (ROUTER) socket for every batch from ``start`` on.
+
+    The request is the 8-byte big-endian start sequence (after an empty delimiter
+    frame); the answer is ``(sequence, payload)`` messages ending with sequence -1."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    out: list[tuple[int, bytes]] = []
+    try:
+        sock.connect(endpoint)
+        await sock.send_multipart([b"", start.to_bytes(8, "big", signed=True)])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            left = deadline - loop.time()
+            if left <= 0 or not await sock.poll(timeout=left * 1000):
+                log.warning("kv event replay from %s timed out after %d batches", endpoint, len(out))
+                return None
+            frames = [f for f in await sock.recv_multipart()]
+            while frames and frames[0] == b"":
+                frames.pop(0)
+            if len(frames) < 1:
+                continue
+            seq = decode_seq(frames[0])
+            if seq == _END:
+                return out
+            out.append((seq, frames[1] if len(frames) > 1 else b""))
+    except (zmq.ZMQError, WireError) as exc:
+        log.warning("kv event replay from %s failed: %s", endpoint, exc)
+        return None
+    finally:
+        sock.close(linger=0)
