@@ -67,19 +67,21 @@ class PreciseStore(StateStore):
         return getattr(self.inner, "errors", 0)
 
     # -- the overlay -------------------------------------------------------------------
-    def overlay(self, keys: Sequence[int], snap: Snapshot) -> Snapshot:
+    def overlay(self, keys: Sequence[int], snap: Snapshot, count: bool = True) -> Snapshot:
         """``snap`` with matched replaced, for every fresh instance, by its events' figure."""
         precise = self.residency.matched(keys, snap.matched)
         if not precise:
-            self.fallback_lookups += len(snap.matched)
+            if count:
+                self.fallback_lookups += len(snap.matched)
             return snap
         if self._recent is not None and keys:
             recent = self._recent.matched(keys, precise, self._clock())
             for inst, depth in recent.items():
                 if depth > precise[inst]:
                     precise[inst] = depth
-        self.precise_lookups += len(precise)
-        self.fallback_lookups += len(snap.matched) - len(precise)
+        if count:
+            self.precise_lookups += len(precise)
+            self.fallback_lookups += len(snap.matched) - len(precise)
         return dataclasses.replace(snap, matched={**snap.matched, **precise})
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -89,11 +91,12 @@ class PreciseStore(StateStore):
         chooser = _OverlayChooser(self, keys, choose)
         snap, booking = await self.inner.decide(keys, instances, chooser)
         self._approx_held[booking.id] = dict(snap.matched)
+        seen = self.overlay(keys, snap, count=False)  # the view before this booking, as the inner store returns it
         if self._recent is not None and booking.keys:
             now = self._clock()
             for inst in booking.instances:
                 self._recent.record(inst, booking.keys, self._caps.get(inst, self._default_cap), now)
-        return self.overlay(keys, snap), booking
+        return seen, booking
 
     # -- the rest is the inner store's ---------------------------------------------------
     async def prefill_done(self, booking: Booking) -> None:

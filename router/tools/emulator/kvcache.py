@@ -184,16 +184,17 @@ class KVCache:
         """Forget every unreferenced cached block; returns how many."""
         dropped = 0
         events = self.events
+        emptied = len(self._evictable) == len(self._by_hash)  # every cached block goes
         while self._evictable:
             bid, _unused = self._evictable.popitem(last=False)
             old = self._hash[bid]
             if old is not None:
                 del self._by_hash[old]
                 self._hash[bid] = None
-                if events is not None and self._by_hash:
+                if events is not None and not emptied:
                     events.removed(old)
             self._free.append(bid)
             dropped += 1
-        if events is not None and not self._by_hash:
-            events.cleared()  # nothing cached is left: say so, as vLLM does after a reset
+        if events is not None and emptied:
+            events.cleared()  # nothing cached is left: one event says it, as vLLM's after a reset
         return dropped
