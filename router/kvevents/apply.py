@@ -11,17 +11,20 @@ cannot meet request keys, so such events are refused (counted).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import xxhash
 
-from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, decode_event
 from router.request.hashing import root_seed
 from router.state.precise import BlockTable, tier_of
 
 # The token domain byte of router.request.hashing.token_block_keys: the chain below must
 # give the very same keys (tests/kvevents/test_apply.py checks it against that function).
 _TOKEN_DOMAIN = b"i"
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -55,61 +58,100 @@ class TableWriter:
         return seed
 
     def apply(self, events: list[Event]) -> None:
+        """Decoded events (see wire.py), in order."""
         c = self.counters
-        table = self.table
         for ev in events:
             c.events += 1
             if type(ev) is BlockStored:
-                self._stored(ev)
+                self._stored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.medium, ev.lora_name)
             elif type(ev) is BlockRemoved:
-                tier = tier_of(ev.medium)
-                for h in ev.block_hashes:
-                    if table.remove(h, tier):
-                        c.removed_blocks += 1
-                    else:
-                        c.unknown_removals += 1
+                self._removed(ev.block_hashes, ev.medium)
             elif type(ev) is AllBlocksCleared:
-                table.clear()
+                self.table.clear()
                 c.cleared += 1
 
-    def _stored(self, ev: BlockStored) -> None:
+    def apply_raw(self, raw_events: list[Any]) -> None:
+        """Events as msgpack decoded them: the vLLM 0.32 maps with int hashes are applied
+        straight from the maps (the hot path: no intermediate objects); anything else goes
+        through ``decode_event``, which validates and raises WireError on garbage."""
+        c = self.counters
+        for raw in raw_events:
+            if type(raw) is dict:
+                get = raw.get
+                kind = get("type")
+                try:
+                    if kind == "BlockStored":
+                        hashes, parent, tokens, bs = get("block_hashes"), get("parent_block_hash"), get("token_ids"), get("block_size")
+                        medium, lora = get("medium"), get("lora_name")
+                        if (type(hashes) is list and hashes and min(hashes) >= 0 and max(hashes) <= _MASK64
+                                and type(tokens) is list and type(bs) is int and bs > 0
+                                and (parent is None or (type(parent) is int and 0 <= parent <= _MASK64))
+                                and (medium is None or type(medium) is str) and (lora is None or type(lora) is str)):
+                            c.events += 1
+                            self._stored(hashes, parent, tokens, bs, medium, lora)
+                            continue
+                    elif kind == "BlockRemoved":
+                        hashes, medium = get("block_hashes"), get("medium")
+                        if (type(hashes) is list and hashes and min(hashes) >= 0 and max(hashes) <= _MASK64
+                                and (medium is None or type(medium) is str)):
+                            c.events += 1
+                            self._removed(hashes, medium)
+                            continue
+                except TypeError:  # e.g. bytes hashes: the general path below handles them
+                    pass
+            self.apply([decode_event(raw)])
+
+    def _removed(self, hashes: Sequence[int], medium: str | None) -> None:
+        c = self.counters
+        remove = self.table.remove
+        tier = tier_of(medium)
+        for h in hashes:
+            if remove(h, tier):
+                c.removed_blocks += 1
+            else:
+                c.unknown_removals += 1
+
+    def _stored(self, hashes: Sequence[int], parent: int | None, tokens: Sequence[int], bs: int,
+                medium: str | None, lora_name: str | None) -> None:
         c = self.counters
         table = self.table
         rb = self.router_block
-        bs = ev.block_size
         if bs % rb:
             c.refused += 1
             return
-        tier = tier_of(ev.medium)
-        hashes = ev.block_hashes
-        n = min(len(hashes), len(ev.token_ids) // bs)
-        if ev.parent_block_hash is None:
-            prev: int | None = self.root(ev.lora_name)
-        else:
-            prev = table.last_key(ev.parent_block_hash)
+        tier = tier_of(medium)
+        n = min(len(hashes), len(tokens) // bs)
+        prev: int | None = self.root(lora_name) if parent is None else table.last_key(parent)
         try:
-            packed = struct.pack(f"<{n * bs}I", *ev.token_ids[: n * bs])
+            packed = struct.pack(f"<{n * bs}I", *tokens[: n * bs])
         except struct.error:
             c.refused += 1
             return
         digest = xxhash.xxh64_intdigest
+        domain = _TOKEN_DOMAIN
         per, stride = bs // rb, 4 * rb
-        for j in range(n):
-            h = hashes[j]
-            known = table.keys_of(h)
-            if known is not None:  # stored before (another tier, or again): its keys are known
-                table.store(h, known, tier)
-                prev = known[-1]
-                c.stored_blocks += 1
-                continue
-            if prev is None:  # the parent was never seen (or forgotten): no chain to extend
-                c.orphans += n - j
-                return
-            keys = []
-            base = j * bs * 4
-            for k in range(per):
-                start = base + k * stride
-                prev = digest(_TOKEN_DOMAIN + packed[start:start + stride], seed=prev)
-                keys.append(prev)
-            table.store(h, tuple(keys), tier)
-            c.stored_blocks += 1
+        keys: list[tuple[int, ...]] = []
+        if prev is None:  # the parent is unknown: only blocks stored before can be placed
+            known = table.keys_of
+            for j in range(n):
+                ks = known(hashes[j])
+                if ks is None:
+                    c.orphans += n - j
+                    n = j
+                    break
+                keys.append(ks)
+        elif per == 1:  # the usual case: one router key per engine block
+            for j in range(n):
+                prev = digest(domain + packed[j * stride:(j + 1) * stride], seed=prev)
+                keys.append((prev,))
+        else:
+            for j in range(n):
+                base = j * bs * 4
+                group = []
+                for k in range(per):
+                    start = base + k * stride
+                    prev = digest(domain + packed[start:start + stride], seed=prev)
+                    group.append(prev)
+                keys.append(tuple(group))
+        table.store_run(hashes[:n], keys, tier)
+        c.stored_blocks += n

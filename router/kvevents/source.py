@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from router.kvevents.apply import TableWriter
-from router.kvevents.wire import AllBlocksCleared, WireError, decode_payload
+from router.kvevents.wire import WireError, decode_batch_raw
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,9 @@ class Source:
         self.last = seq
         self.counters.batches += 1
         try:
-            batch = decode_payload(payload)
+            _ts, events, _rank = decode_batch_raw(payload)
+            cleared = self.writer.counters.cleared
+            self.writer.apply_raw(events)
         except WireError as exc:
             self.counters.malformed += 1
             if self.synced:
@@ -127,8 +129,7 @@ class Source:
             self.synced = False
             self.writer.table.fresh = False
             return
-        self.writer.apply(batch.events)
-        if not self.synced and any(type(e) is AllBlocksCleared for e in batch.events):
+        if not self.synced and self.writer.counters.cleared > cleared:
             self.synced = True
             self.counters.resyncs += 1
             log.info("kv events of %s: in sync again after AllBlocksCleared", self.spec.name)

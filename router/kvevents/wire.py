@@ -26,7 +26,7 @@ class WireError(ValueError):
     """A frame or payload that is not a KV-event batch."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockStored:
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
@@ -36,13 +36,13 @@ class BlockStored:
     lora_name: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BlockRemoved:
     block_hashes: tuple[int, ...]
     medium: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AllBlocksCleared:
     medium: str | None = None
 
@@ -50,7 +50,7 @@ class AllBlocksCleared:
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EventBatch:
     ts: float
     events: list[Event]
@@ -68,8 +68,13 @@ def block_hash(value: Any) -> int:
 
 
 def _hashes(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
+    if type(value) is not list and not isinstance(value, tuple):
         raise WireError("block_hashes must be a list")
+    try:  # the common case, uint64 ints: checked in C by min/max, no per-hash Python call
+        if value and min(value) >= 0 and max(value) <= _MASK64:
+            return tuple(value)
+    except TypeError:  # bytes hashes (or garbage): one by one
+        pass
     return tuple(block_hash(v) for v in value)
 
 
@@ -82,12 +87,19 @@ def _opt_str(value: Any) -> str | None:
 
 
 def _stored(hashes: Any, parent: Any, tokens: Any, block_size: Any, medium: Any, lora_name: Any) -> BlockStored:
-    if not isinstance(tokens, (list, tuple)):
+    # Token ids are checked where they are packed (apply.py): a second pass here would
+    # double the cost of the hottest path. Everything else is checked now.
+    if type(tokens) is not list and not isinstance(tokens, tuple):
         raise WireError("token_ids must be a list")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if type(block_size) is not int or block_size < 1:
         raise WireError("block_size must be a positive int")
-    return BlockStored(_hashes(hashes), None if parent is None else block_hash(parent), tokens, block_size,
-                       _opt_str(medium), _opt_str(lora_name))
+    if parent is not None:
+        parent = block_hash(parent)
+    if medium is not None and type(medium) is not str:
+        medium = _opt_str(medium)
+    if lora_name is not None and type(lora_name) is not str:
+        lora_name = _opt_str(lora_name)
+    return BlockStored(_hashes(hashes), parent, tokens, block_size, medium, lora_name)
 
 
 def _field(items: Sequence[Any], i: int) -> Any:
@@ -96,11 +108,12 @@ def _field(items: Sequence[Any], i: int) -> Any:
 
 def decode_event(raw: Any) -> Event:
     """One event from its map or positional shape."""
-    if isinstance(raw, dict):
-        kind = raw.get("type")
+    if type(raw) is dict:
+        get = raw.get
+        kind = get("type")
         if kind == "BlockStored":
-            return _stored(raw.get("block_hashes"), raw.get("parent_block_hash"), raw.get("token_ids"),
-                           raw.get("block_size"), raw.get("medium"), raw.get("lora_name"))
+            return _stored(get("block_hashes"), get("parent_block_hash"), get("token_ids"), get("block_size"),
+                           get("medium"), get("lora_name"))
         if kind == "BlockRemoved":
             return BlockRemoved(_hashes(raw.get("block_hashes")), _opt_str(raw.get("medium")))
         if kind == "AllBlocksCleared":
@@ -124,7 +137,14 @@ def decode_event(raw: Any) -> Event:
 
 
 def decode_payload(payload: bytes) -> EventBatch:
-    """The batch of one message's payload frame."""
+    """The batch of one message's payload frame, every event decoded."""
+    ts, events, rank = decode_batch_raw(payload)
+    return EventBatch(ts, [decode_event(e) for e in events], rank)
+
+
+def decode_batch_raw(payload: bytes) -> tuple[float, list[Any], int | None]:
+    """The batch's timestamp, its events as msgpack decoded them, and its rank
+    (``TableWriter.apply_raw`` applies such events without building objects)."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
@@ -141,7 +161,7 @@ def decode_payload(payload: bytes) -> EventBatch:
         raise WireError("a batch's timestamp must be a number")
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
         raise WireError("data_parallel_rank must be an int")
-    return EventBatch(float(ts), [decode_event(e) for e in events], rank)
+    return float(ts), list(events), rank
 
 
 def decode_seq(frame: bytes) -> int:

@@ -24,7 +24,7 @@ _GPU, _OFFLOAD = 1, 2
 
 def tier_of(medium: str | None) -> int:
     """GPU for an event without a medium (older engines) or ``GPU``; offload otherwise."""
-    return _GPU if medium is None or medium.upper() == "GPU" else _OFFLOAD
+    return _GPU if medium is None or medium == "GPU" or medium.upper() == "GPU" else _OFFLOAD
 
 
 class BlockTable:
@@ -72,6 +72,29 @@ class BlockTable:
         if not tiers & tier:
             blocks[engine_hash] = (old_keys, tiers | tier)
             self._count(old_keys, tier, 1)
+
+    def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
+        """``store`` for consecutive blocks, in one loop (the hot path of ingestion)."""
+        blocks = self._blocks
+        counts = self._gpu if tier == _GPU else self._offload
+        get = blocks.get
+        for h, ks in zip(hashes, keys):
+            entry = get(h)
+            if entry is None:
+                blocks[h] = (ks, tier)
+                for key in ks:
+                    counts[key] = counts.get(key, 0) + 1
+            elif not entry[1] & tier:
+                blocks[h] = (entry[0], entry[1] | tier)
+                blocks.move_to_end(h)
+                for key in entry[0]:
+                    counts[key] = counts.get(key, 0) + 1
+            else:
+                blocks.move_to_end(h)
+        while len(blocks) > self.capacity:
+            _old, (old_keys, old_tiers) = blocks.popitem(last=False)
+            self._uncount(old_keys, old_tiers)
+            self.overflow += 1
 
     def remove(self, engine_hash: int, tier: int) -> bool:
         """Drop one tier of a block; False when the table never had it there."""

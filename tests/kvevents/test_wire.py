@@ -72,7 +72,7 @@ def test_a_batch_sent_as_a_map_also_decodes():
     pack([1.0, [["BlockStored", [1]]]]),
     pack([1.0, [{"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1] * 16,
                  "block_size": 0}]]),
-    pack([1.0, [{"type": "BlockRemoved", "block_hashes": [1.5]}]]),
+    pack([1.0, [{"type": "BlockRemoved", "block_hashes": ["not a hash"]}]]),
     pack(["soon", []]),
 ])
 def test_malformed_payloads_raise_wire_error(payload):

@@ -17,7 +17,7 @@ from typing import Literal
 
 from router.config.model import HashingConfig, KVEventsConfig
 from router.kvevents.apply import TableWriter
-from router.kvevents.wire import decode_payload
+from router.kvevents.wire import decode_batch_raw
 from router.state.base import StateStore
 from router.state.precise import EventResidency
 from router.state.precise_store import PreciseStore
@@ -59,6 +59,6 @@ class EngineFeeds:
         log, writer = self._feeds[id(engine)]
         raw = log.take()
         if raw:
-            batch = decode_payload(encode_batch(raw, ts=0.0))
-            writer.apply(batch.events)
-            self.events += len(batch.events)
+            _ts, events, _rank = decode_batch_raw(encode_batch(raw, ts=0.0))
+            writer.apply_raw(events)
+            self.events += len(events)
