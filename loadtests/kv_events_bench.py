@@ -60,9 +60,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rate-scale", type=float, default=0.5)
     p.add_argument("--replay-cache-tokens", type=int, default=30_000, help="per engine: ~5 of 32 tenants' system prompts")
     p.add_argument("--requests", type=int, default=240)
-    p.add_argument("--concurrency", type=int, default=12)
+    p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--time-scale", type=float, default=0.5)
-    p.add_argument("--cache-tokens", type=int, default=12_000, help="live engines: each holds a few tenants' prefixes")
+    p.add_argument("--cache-tokens", type=int, default=8_000,
+                   help="live engines: two running requests and about three of the twelve tenants' prefixes")
     p.add_argument("--groups", type=int, default=12)
     p.add_argument("--events-per-s", type=int, default=100_000, help="target rate of the paced flood")
     p.add_argument("--duration", type=float, default=6.0, help="seconds per ingest measurement")

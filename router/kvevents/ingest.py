@@ -107,6 +107,7 @@ class KVEventIngest:
                 source.on_message(seq, payload)
 
             self._tasks.append(asyncio.create_task(self._run(sock, handle, spec.name), name=f"kv-sub-{spec.name}"))
+        source.begin()
         log.info("kv events of %s: %s", spec.name, f"SUB connected to {spec.endpoint}" if spec.endpoint
                  else f"topic {spec.topic!r} on the bound {spec.bind}")
         return source

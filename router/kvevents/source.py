@@ -135,9 +135,16 @@ class Source:
             log.info("kv events of %s: in sync again after AllBlocksCleared", self.spec.name)
         self.writer.table.fresh = self.synced
 
+    def begin(self) -> None:
+        """Just subscribed: with a replay endpoint, ask for everything from sequence 0 at once,
+        so an engine that ran before the router (and may be idle now) is known without
+        waiting for its next batch; it is in sync if its buffer still starts at 0."""
+        if self.replay is not None and self.spec.replay_endpoint and self.last is None and self._pending is None:
+            self._start_replay(0, None)
+
     # -- replay --------------------------------------------------------------------------
-    def _start_replay(self, start: int, first: tuple[int, bytes]) -> None:
-        self._pending = [first]
+    def _start_replay(self, start: int, first: tuple[int, bytes] | None) -> None:
+        self._pending = [first] if first is not None else []
         self.writer.table.fresh = False
         self.counters.replays += 1
         self._task = asyncio.get_running_loop().create_task(self._replay(start), name=f"kv-replay-{self.spec.name}")
@@ -151,6 +158,8 @@ class Source:
             frames = None
         pending, self._pending = self._pending or [], None
         covered = frames is not None and bool(frames) and frames[0][0] <= start
+        if start == 0 and frames == [] and self.last is None:
+            covered = True  # nothing published yet: the engine's cache is empty and known
         if covered and frames is not None:
             if start == 0:
                 self.writer.table.clear()
@@ -165,6 +174,8 @@ class Source:
                 self._apply(seq, payload)
                 expected += 1
         if covered:
+            self.synced = True
+            self.writer.table.fresh = True
             self.counters.resyncs += 1
             log.info("kv events of %s: in sync again after a replay from %d", self.spec.name, start)
         else:

@@ -3,10 +3,13 @@
 Wraps any store (memory or Redis): load booking, leases and the approximate routing
 history stay the inner store's; only the ``matched`` a policy sees changes. For each
 candidate whose event table is fresh, matched is what the engine really holds
-(evictions included), raised by what this router routed there in the last
-``speculative_s`` (the events of a just-routed prompt arrive after its prefill, and a
-burst of one prefix must not scatter meanwhile). A stale or event-less instance keeps
-the inner store's approximate figure.
+(evictions included), raised by the prefixes of requests this router sent there that
+have not started answering yet (their blocks reach the events only once the engine has
+computed them, and a burst of one prefix must not scatter meanwhile). That speculation
+ends at the request's first byte, when the engine's own events have taken over, or after
+``speculative_s`` at the latest; it must not outlive the truth, or an engine that keeps
+evicting would keep looking warm. A stale or event-less instance keeps the inner
+store's approximate figure.
 
 With the Redis store each replica (and each ``serve --workers`` process) subscribes to
 the engines itself and keeps its own tables: the events are the shared truth, so there
@@ -99,11 +102,18 @@ class PreciseStore(StateStore):
         return seen, booking
 
     # -- the rest is the inner store's ---------------------------------------------------
+    def _unspeculate(self, booking: Booking) -> None:
+        if self._recent is not None and booking.keys:
+            for inst in booking.instances:
+                self._recent.unrecord(inst, booking.keys)
+
     async def prefill_done(self, booking: Booking) -> None:
+        self._unspeculate(booking)
         await self.inner.prefill_done(booking)
 
     async def release(self, booking: Booking) -> None:
         self._approx_held.pop(booking.id, None)
+        self._unspeculate(booking)
         await self.inner.release(booking)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:

@@ -94,3 +94,26 @@ async def test_a_replay_that_no_longer_holds_the_hole_leaves_the_stream_stale():
     src.on_message(8, batch())
     await asyncio.sleep(0.01)
     assert res.matched(K, ["a"]) == {} and src.counters.replays_failed == 1 and src.last == 8
+
+
+async def test_on_subscribing_the_replay_brings_an_engine_that_ran_before_in_sync():
+    history = {0: batch(stored([1, 2], None, P[:32])), 1: batch(stored([3, 4], 2, P[32:]))}
+
+    async def replay(endpoint, start):
+        return [(s, history[s]) for s in sorted(history) if s >= start]
+
+    res, src = source(replay, "tcp://127.0.0.1:2")
+    src.begin()
+    src.on_message(2, batch(removed([4])))  # live, while the replay runs
+    await asyncio.sleep(0.01)
+    assert res.matched(K, ["a"]) == {"a": 3} and src.last == 2
+
+
+async def test_an_engine_that_never_published_is_known_empty_from_its_replay():
+    async def replay(endpoint, start):
+        return []
+
+    res, src = source(replay, "tcp://127.0.0.1:2")
+    src.begin()
+    await asyncio.sleep(0.01)
+    assert res.matched(K, ["a"]) == {"a": 0}

@@ -58,15 +58,17 @@ async def test_eviction_on_the_engine_is_no_longer_counted(make_store):
     assert (await store.snapshot(KEYS, INSTANCES)).matched["c"] == 1
 
 
-async def test_a_just_routed_prefix_counts_until_its_events_arrive(make_store):
+async def test_a_just_routed_prefix_counts_until_it_starts_answering(make_store):
     clock = Clock()
     store, _, writers = await precise(make_store, speculative_s=2.0, clock=clock)
     _, first = await store.decide(KEYS, INSTANCES, GreedyChooser("r1", KEYS, only="a"))
     assert (await store.snapshot(KEYS, INSTANCES)).matched["a"] == 4  # before any event
+    writers["a"].apply([BlockStored((1, 2), None, TOKENS[:32], 16)])  # the engine kept only two blocks
+    await store.prefill_done(first)
+    assert (await store.snapshot(KEYS, INSTANCES)).matched["a"] == 2  # from here on, the events say
+    _, second = await store.decide(KEYS, INSTANCES, GreedyChooser("r2", KEYS, only="b"))
     clock.now += 3
-    assert (await store.snapshot(KEYS, INSTANCES)).matched["a"] == 0  # no event confirmed it
-    writers["a"].apply([BlockStored((1, 2), None, TOKENS[:32], 16)])
-    assert (await store.snapshot(KEYS, INSTANCES)).matched["a"] == 2
+    assert (await store.snapshot(KEYS, INSTANCES)).matched["b"] == 0  # never answered: expired
 
 
 async def test_abandon_takes_back_the_history_and_the_speculation(make_store):
