@@ -19,6 +19,8 @@ docs/benchmarks.md under "Precise residency from KV events":
   requests while a publisher process floods it with KV events (BlockStored of 4 blocks and
   BlockRemoved of 4, 32 events per message) at a target rate and unpaced; events/s the
   router applied (its own counters) and the routing latency next to the run without events.
+* tokenize: how long encoding one prompt with a local tokenizer.json takes (token mode,
+  ``source: file``), which sets where prompts move to a worker thread.
 
     python loadtests/kv_events_bench.py --write
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -55,7 +58,8 @@ DEFAULT_CACHE = 500_000  # what the router assumes per instance when its config 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", default=["replay", "live", "ingest"], choices=["replay", "live", "ingest"])
+    p.add_argument("--parts", nargs="+", default=["replay", "live", "ingest", "tokenize"],
+                   choices=["replay", "live", "ingest", "tokenize"])
     p.add_argument("--trace", default="synthetic:shared_prefix")
     p.add_argument("--rate-scale", type=float, default=0.5)
     p.add_argument("--replay-cache-tokens", type=int, default=30_000, help="per engine: ~5 of 32 tenants' system prompts")
@@ -252,16 +256,77 @@ def part_ingest(args: argparse.Namespace) -> str:
                          "routing p50 ms", "routing p99 ms", "added p50 ms", "added p99 ms", "req/s"], rows)
 
 
+# -- tokenize ----------------------------------------------------------------------------
+def part_tokenize(args: argparse.Namespace) -> str:
+    """How long the event loop would be held by encoding one prompt in the router."""
+    import tempfile
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from router.config.precise import TokensConfig
+    from router.request.tokenize import FileTokenizer
+
+    words = SharedPrefixWorkload()._text(__import__("random").Random(0), 400_000)
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([words[:200_000]], trainer=trainers.BpeTrainer(
+        vocab_size=8000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save(f"{tmp}/tokenizer.json")
+        file_tok = FileTokenizer(TokensConfig(source="file", path=f"{tmp}/tokenizer.json"))
+        for chars in (1_000, 10_000, 100_000, 400_000):
+            text = words[:chars]
+            file_tok.encode(text, True)
+            reps = max(3, 200_000 // chars)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                ids = file_tok.encode(text, True)
+            ms = (time.perf_counter() - t0) / reps * 1e3
+            stall = asyncio.run(_loop_stall(file_tok, text))
+            rows.append([f"{chars:,}", f"{len(ids):,}", f"{ms:.2f}", f"{stall:.1f}",
+                         "thread" if chars > TokensConfig().offload_chars else "inline"])
+    head = ("Tokenize: a byte-level BPE of 8,000 tokens trained here with `tokenizers` (no download), encoding one "
+            "prompt of the workload's English-like text; prompts above `hashing.tokens.offload_chars` "
+            f"({TokensConfig().offload_chars:,}) are encoded in a worker thread so the event loop never waits for them.\n\n")
+    return head + table(["prompt chars", "tokens", "encode ms", "longest event-loop stall ms (1 ms ticker)", "where"],
+                        rows)
+
+
+async def _loop_stall(file_tok: Any, text: str) -> float:
+    """The longest gap a 1 ms ticker sees while the router's tokenizer encodes ``text``."""
+    from router.request.prompt import parse_body
+
+    parsed = parse_body(json.dumps({"model": "m", "prompt": text}).encode(), "completions", 4.0)
+    gaps: list[float] = []
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    gaps.clear()
+    await file_tok.apply(parsed)
+    await asyncio.sleep(0.002)
+    task.cancel()
+    return max(gaps) * 1e3
+
+
 def main() -> int:
     args = parse_args()
-    parts = {"replay": part_replay, "live": part_live, "ingest": part_ingest}
+    parts = {"replay": part_replay, "live": part_live, "ingest": part_ingest, "tokenize": part_tokenize}
     out = []
     for name in args.parts:
         print(f"{name} ...", file=sys.stderr)
         out.append(parts[name](args))
         print(out[-1] + "\n")
     if args.write:
-        command = "python loadtests/kv_events_bench.py" + ("" if len(args.parts) == 3 else " --parts " + " ".join(args.parts))
+        command = "python loadtests/kv_events_bench.py" + ("" if len(args.parts) == 4 else " --parts " + " ".join(args.parts))
         write_section(SECTION, command + " --write", "\n\n".join(out))
     return 0
 

@@ -40,7 +40,7 @@ class TokensConfig(_Strict):
         "default: tokenizer_config.json beside path")
     block_size: int = Field(default=16, ge=1, description="tokens per key: the engines' KV block size "
                             "(vLLM GPU 16, vLLM CPU 128, SGLang page size)")
-    offload_chars: int = Field(default=8192, ge=0, description="prompts longer than this are tokenized "
+    offload_chars: int = Field(default=2048, ge=0, description="prompts longer than this are tokenized "
                                "in a worker thread so the event loop is not held")
     timeout_s: float = Field(default=2.0, gt=0, description="engine /tokenize timeout (then character keys)")
 
