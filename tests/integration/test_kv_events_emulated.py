@@ -11,7 +11,7 @@ from router.gateway.app import create_app
 from router.request.hashing import root_seed, token_block_keys
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.launch import start_in_thread
-from servers import serve_app
+from servers import free_port, serve_app
 
 SYSTEM = "You are the support assistant of a large logistics company. Answer precisely. " * 40  # ~800 tokens
 
@@ -100,3 +100,29 @@ def test_a_block_evicted_on_the_engine_stops_being_counted():
         # the engine's own hit on that prompt now is what the router says it still holds
         assert httpx.post(f"{url}/v1/completions", json=completion(first), timeout=30).status_code == 200
         assert recent(e.url)[-1]["cached_tokens"] == min(predicted, (n - 1) // 16) * 16
+
+
+def test_an_engine_whose_publisher_connects_reaches_the_socket_the_router_binds():
+    port = free_port()
+    with ExitStack() as stack:
+        # vLLM's rule: an endpoint naming a host makes the publisher connect there
+        e = stack.enter_context(start_in_thread(EmulatorConfig(
+            model="m", time_scale=0.01, kv_events_endpoint=f"tcp://127.0.0.1:{port}", kv_events_topic="kv@e")))
+        app = create_app(router_for({"e": e}))
+        url = stack.enter_context(serve_app(app))
+        ingest = app.state.kv_events
+        wait_for(lambda: len(ingest.sources) == 1)
+        assert ingest.sources[0].spec.bind == f"tcp://*:{port}"
+        prompt = SYSTEM + " Bound socket."
+        keys, n = keys_of(e.url, prompt)
+        # The first batches may be sent before the connection lands (PUB/SUB drops them), and
+        # the stream then starts past 0: stale, honestly. A reset of the engine's cache
+        # (AllBlocksCleared) brings it in sync, as on a real engine.
+        deadline = time.monotonic() + 10
+        while not ingest.residency.is_fresh("e"):
+            assert time.monotonic() < deadline, "never in sync"
+            assert httpx.post(f"{url}/v1/completions", json=completion("warm up " * 40), timeout=30).status_code == 200
+            httpx.post(f"{e.url}/reset_prefix_cache")
+            time.sleep(0.05)
+        assert httpx.post(f"{url}/v1/completions", json=completion(prompt), timeout=30).status_code == 200
+        wait_for(lambda: ingest.residency.matched(keys, ["e"]).get("e") == n // 16)

@@ -90,14 +90,14 @@ async def test_engines_pub_connect_to_the_routers_bound_sub_and_topics_tell_them
 
 async def test_the_replay_socket_returns_buffered_batches_to_the_routers_client():
     log = KVEventLog(16)
-    pub = KVEventPublisher(log, "tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    pub = KVEventPublisher(log, "tcp://*:0", replay_endpoint="tcp://*:0")
     pub.start()
     ctx = zmq.asyncio.Context()
     try:
         for i in range(3):
             log.stored([10 + i], 9 + i if i else None, P[i * 16:(i + 1) * 16])
             pub.flush()
-        got = await replay(ctx, pub.replay_endpoint, 1, timeout_s=5)
+        got = await replay(ctx, pub.replay_endpoint.replace("*", "127.0.0.1"), 1, timeout_s=5)
         assert [s for s, _ in got] == [1, 2]
         assert await replay(ctx, "tcp://127.0.0.1:1", 0, timeout_s=0.2) is None  # nobody there
     finally:
@@ -118,3 +118,30 @@ def test_discovery_answers_say_which_side_binds():
     assert (specs[1].endpoint, specs[1].dp_rank) == ("tcp://10.1.2.3:5560", 1)
     with pytest.raises(Exception):
         specs_from_answer("a", url, "m", [])
+
+
+async def test_a_dropped_batch_is_replayed_over_real_sockets_and_the_instance_resyncs():
+    log = KVEventLog(16)
+    pub = KVEventPublisher(log, "tcp://*:0", replay_endpoint="tcp://*:0")
+    pub.start()
+    ingest = ingest_for({"sources": {"a": {"endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint}}})
+    async with httpx.AsyncClient() as client:
+        await ingest.start(client)
+        try:
+            await ingest.wait_subscribed()
+            source = ingest.sources[0]
+            await until(lambda: source.counters.resyncs >= 1)  # the replay on subscribing: known empty
+            await asyncio.sleep(0.2)  # the SUB's connection lands
+            log.stored([1], None, P[:16])
+            pub.flush()
+            await until(lambda: ingest.residency.matched(K, ["a"]) == {"a": 1})
+            pub.dropped_next = 1  # lost on the way, still in the publisher's replay buffer
+            log.stored([2], 1, P[16:32])
+            pub.flush()
+            log.stored([3], 2, P[32:48])
+            pub.flush()
+            await until(lambda: ingest.residency.matched(K, ["a"]) == {"a": 3})
+            assert source.counters.gaps == 1 and source.counters.replays == 2 and source.synced
+        finally:
+            await ingest.close()
+            await pub.stop()
