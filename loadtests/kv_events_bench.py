@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = 500_000  # what the router assumes per instance when its config says nothing
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", nargs="+", default=["replay", "live", "ingest", "tokenize"],
                    choices=["replay", "live", "ingest", "tokenize"])
@@ -73,7 +73,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=6.0, help="seconds per ingest measurement")
     p.add_argument("--ingest-concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--write", action="store_true")
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
 # -- replay ------------------------------------------------------------------------------
@@ -156,33 +156,77 @@ def part_live(args: argparse.Namespace) -> str:
 
 
 # -- ingest ------------------------------------------------------------------------------
-FLOOD = r'''
-import sys, time, random, msgpack, zmq
-port, rate, seconds = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-PER, BLOCKS, POOL, LAG = 32, 4, 4096, 512
-rng = random.Random(0)
-def stored(i, j):
-    h = [(i * PER + j) * BLOCKS + k + 1 for k in range(BLOCKS)]
-    return {"type": "BlockStored", "block_hashes": h, "parent_block_hash": None,
-            "token_ids": [rng.randrange(50000) for _ in range(16 * BLOCKS)], "block_size": 16, "medium": "GPU"}
-def removed(i, j):
-    i = (i - LAG) % POOL
-    return {"type": "BlockRemoved", "block_hashes": [(i * PER + j) * BLOCKS + k + 1 for k in range(BLOCKS)], "medium": "GPU"}
-batches = [msgpack.packb([0.0, [stored(i, j) if j % 2 == 0 else removed(i, j) for j in range(PER)], 0]) for i in range(POOL)]
-ctx = zmq.Context(); pub = ctx.socket(zmq.PUB); pub.setsockopt(zmq.SNDHWM, 1000000); pub.bind(f"tcp://127.0.0.1:{port}")
-print("READY", flush=True); sys.stdin.readline()
-seq, start = 0, time.perf_counter()
-while time.perf_counter() - start < seconds:
-    if rate > 0:
-        due = start + seq * PER / rate
-        delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-    pub.send_multipart([b"kv", seq.to_bytes(8, "big"), batches[seq % POOL]])
-    seq += 1
-print("SENT", seq * PER, flush=True)
-time.sleep(0.5)
-'''
+PER_MESSAGE, BLOCKS_PER_EVENT, POOL, LAG = 32, 4, 4096, 512
+
+
+def flood_payloads() -> list[bytes]:
+    """``POOL`` distinct messages: half BlockStored of 4 fresh blocks, half BlockRemoved of
+    blocks stored ``LAG`` messages before, so cycling through them keeps the table's size
+    steady and every store is a new block."""
+    import random
+
+    import msgpack
+
+    rng = random.Random(0)
+
+    def hashes(i: int, j: int) -> list[int]:
+        return [(i * PER_MESSAGE + j) * BLOCKS_PER_EVENT + k + 1 for k in range(BLOCKS_PER_EVENT)]
+
+    def event(i: int, j: int) -> dict[str, Any]:
+        if j % 2 == 0:
+            return {"type": "BlockStored", "block_hashes": hashes(i, j), "parent_block_hash": None, "block_size": 16,
+                    "token_ids": [rng.randrange(50_000) for _ in range(16 * BLOCKS_PER_EVENT)], "medium": "GPU"}
+        return {"type": "BlockRemoved", "block_hashes": hashes((i - LAG) % POOL, j - 1), "medium": "GPU"}
+
+    return [msgpack.packb([0.0, [event(i, j) for j in range(PER_MESSAGE)], 0]) for i in range(POOL)]
+
+
+def flood_main(port: int, rate: float, seconds: float) -> None:
+    """The publisher process: PUB on ``port``, ``rate`` events/s (0 = as fast as it can)."""
+    import zmq
+
+    payloads = flood_payloads()
+    pub = zmq.Context().socket(zmq.PUB)
+    pub.setsockopt(zmq.SNDHWM, 1_000_000)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    print("READY", flush=True)
+    sys.stdin.readline()
+    seq, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if rate > 0:
+            delay = start + seq * PER_MESSAGE / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payloads[seq % POOL]])
+        seq += 1
+    print("SENT", seq * PER_MESSAGE, flush=True)
+    time.sleep(0.5)
+
+
+def in_process_cost() -> float:
+    """CPU microseconds per event of decoding and applying the flood's messages in this
+    process (no sockets): the ingestion ceiling of one free core is 1e6 / this."""
+    from router.kvevents.apply import TableWriter
+    from router.kvevents.wire import decode_batch_raw
+    from router.state.precise import BlockTable
+
+    payloads = flood_payloads()
+    writer = TableWriter(BlockTable(1_000_000), "m", 16)
+    for payload in payloads:  # warm: the table reaches its steady size
+        writer.apply_raw(decode_batch_raw(payload)[1])
+    t0 = time.process_time()
+    for _ in range(3):
+        for payload in payloads:
+            writer.apply_raw(decode_batch_raw(payload)[1])
+    return (time.process_time() - t0) / (3 * len(payloads) * PER_MESSAGE) * 1e6
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (from /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _events_applied(url: str) -> float:
@@ -200,8 +244,9 @@ def _load(url: str, bodies: list[dict[str, object]], concurrency: int, duration:
 
 
 def _flood(port: int, rate: int, seconds: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", FLOOD, str(port), str(rate), str(seconds)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from loadtests.kv_events_bench import flood_main; "
+            f"flood_main({port}, {float(rate)}, {float(seconds)})")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "READY"
     return proc
 
@@ -228,9 +273,11 @@ def part_ingest(args: argparse.Namespace) -> str:
                             assert flood.stdin is not None
                             flood.stdin.write("go\n")
                             flood.stdin.flush()
-                        before, t0 = _events_applied(router.url), time.perf_counter()
+                        before, t0, cpu0 = _events_applied(router.url), time.perf_counter(), _cpu_s(router.process.pid)
                         res = _load(router.url, bodies, c, args.duration)
-                        applied = (_events_applied(router.url) - before) / (time.perf_counter() - t0)
+                        wall = time.perf_counter() - t0
+                        cpu = (_cpu_s(router.process.pid) - cpu0) / wall
+                        applied = (_events_applied(router.url) - before) / wall
                         sent = int(flood.stdout.readline().split()[1]) if flood is not None and flood.stdout else 0
                     finally:
                         if flood is not None:
@@ -243,7 +290,7 @@ def part_ingest(args: argparse.Namespace) -> str:
                     rows.append([c, label, f"{sent / (args.duration + 1.5):,.0f}" if flood else "—",
                                  f"{applied:,.0f}" if flood else "—", f"{res.percentile(0.5) * 1e3:.2f}",
                                  f"{res.percentile(0.99) * 1e3:.2f}", f"{added50:+.2f}" if flood else "—",
-                                 f"{added99:+.2f}" if flood else "—", f"{res.rps:.0f}"])
+                                 f"{added99:+.2f}" if flood else "—", f"{res.rps:.0f}", f"{cpu:.0%}"])
                     print(f"  ingest {rows[-1]}", file=sys.stderr)
             gaps = _router_metric(router.url, 'pd_router_kv_event_stream_total{instance="z0",kind="gaps"}')
     head = ("Ingest: one `pd-router serve` process (uvloop) routing closed-loop non-streaming completions "
@@ -252,8 +299,13 @@ def part_ingest(args: argparse.Namespace) -> str:
             "ids), half BlockRemoved of 4 (blocks stored 512 messages before). Publisher, router, backend and "
             "load generator share the machine's 2 cores, so the unpaced flood measures what the router applies "
             f"while its cores are also busy elsewhere. Sequence gaps seen over all runs: {int(gaps)}.\n\n")
+    cost = in_process_cost()
+    tail = (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
+            f"event, a ceiling of {1e6 / cost:,.0f} events/s on a core of its own. The router CPU column is the "
+            "router process's share of one core over the run (from /proc).")
     return head + table(["concurrency", "event flood", "events/s sent", "events/s applied by the router",
-                         "routing p50 ms", "routing p99 ms", "added p50 ms", "added p99 ms", "req/s"], rows)
+                         "routing p50 ms", "routing p99 ms", "added p50 ms", "added p99 ms", "req/s", "router CPU"],
+                        rows) + tail
 
 
 # -- tokenize ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtests/ is not an installed package
 
-from loadtests import overhead, peers, side_by_side
+from loadtests import kv_events_bench, overhead, peers, side_by_side
 from loadtests.loadgen import LoadResult, encode_post, run_load
 from loadtests.machine import Busy, contention_note
 from loadtests.profile_summary import summarise
@@ -100,3 +100,11 @@ def test_overhead_end_to_end_without_peers(capsys: pytest.CaptureFixture[str]) -
     assert overhead.main(["--peers", "--concurrency", "2", "--duration", "0.3", "--warmup", "0.1", "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "| 2 | direct |" in out and "| 2 | pd-router |" in out and "sglang" not in out
+
+
+def test_kv_events_bench_replay_part_renders_both_residencies() -> None:
+    args = kv_events_bench.parse_args(["--trace", "synthetic:shared_prefix:groups=4,users=2,system=600,question=100,"
+                                       "output=8,stages=2x10", "--replay-cache-tokens", "2000"])
+    assert args.parts == ["replay", "live", "ingest", "tokenize"] and not args.write
+    text = kv_events_bench.part_replay(args)
+    assert text.count("| approximate |") == 2 and text.count("| precise |") == 2

@@ -22,7 +22,7 @@ from router.config.model import RouterConfig
 from router.core.instances import InstancePool
 from router.kvevents.apply import TableWriter
 from router.kvevents.discovery import DiscoveryError, discover, served_model, spec_from_config
-from router.kvevents.sockets import receive_loop, replay, sub_socket
+from router.kvevents.sockets import Handler, receive_loop, replay, sub_socket
 from router.kvevents.source import Source, SourceSpec
 from router.state.precise import EventResidency
 
@@ -140,7 +140,7 @@ class KVEventIngest:
             return
         bound.topics[topic] = source
 
-    async def _run(self, sock: zmq.asyncio.Socket, handle, name: str) -> None:  # type: ignore[no-untyped-def]
+    async def _run(self, sock: zmq.asyncio.Socket, handle: Handler, name: str) -> None:
         try:
             await receive_loop(sock, handle, name, self._count_error)
         finally:

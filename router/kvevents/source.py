@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from router.kvevents.apply import TableWriter
 from router.kvevents.wire import WireError, decode_batch_raw
+from router.state.precise import BlockTable
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Source:
     _task: asyncio.Task[None] | None = None
 
     @property
-    def table(self):  # type: ignore[no-untyped-def]
+    def table(self) -> BlockTable:
         return self.writer.table
 
     def on_message(self, seq: int, payload: bytes, *, allow_replay: bool = True) -> None:
