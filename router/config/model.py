@@ -222,6 +222,9 @@ class RouterConfig(BaseSettings):
             if inst.id in seen:
                 raise ValueError(f"duplicate instance {inst.id!r}")
             seen.add(inst.id)
+        if self.kv_events.enabled and self.hashing.mode != "tokens":
+            raise ValueError("kv_events.enabled needs hashing.mode: tokens (request keys must be chained over "
+                             "the engines' token blocks to meet the keys of their events)")
         return self
 
     @classmethod

@@ -10,6 +10,7 @@ cannot meet request keys, so such events are refused (counted).
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from router.state.precise import BlockTable, tier_of
 
 # The token domain byte of router.request.hashing.token_block_keys: the chain below must
 # give the very same keys (tests/kvevents/test_apply.py checks it against that function).
+log = logging.getLogger(__name__)
+
 _TOKEN_DOMAIN = b"i"
 _MASK64 = (1 << 64) - 1
 
@@ -117,6 +120,9 @@ class TableWriter:
         table = self.table
         rb = self.router_block
         if bs % rb:
+            if not c.refused:
+                log.warning("kv events of model %s: engine blocks of %d tokens cannot meet router keys of %d "
+                            "(set hashing.tokens.block_size to the engine's block size)", self.model, bs, rb)
             c.refused += 1
             return
         tier = tier_of(medium)

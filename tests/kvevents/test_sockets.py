@@ -145,3 +145,8 @@ async def test_a_dropped_batch_is_replayed_over_real_sockets_and_the_instance_re
         finally:
             await ingest.close()
             await pub.stop()
+
+
+def test_kv_events_need_token_mode():
+    with pytest.raises(Exception, match="hashing.mode: tokens"):
+        load_config(overrides={"instances": [{"url": "http://127.0.0.1:1"}], "kv_events": {"enabled": True}})
