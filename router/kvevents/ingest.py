@@ -164,6 +164,8 @@ class KVEventIngest:
                 except DiscoveryError as exc:
                     log.info("kv events of %s not subscribed yet: %s", inst.id, exc)
                     left.append(inst)
+                except (zmq.ZMQError, ValueError) as exc:  # e.g. the port to bind is taken: say so, keep going
+                    log.error("kv events of %s cannot be subscribed: %s; its residency stays approximate", inst.id, exc)
             pending = left
             if pending:
                 await asyncio.sleep(self._kv.discover_interval_s)
@@ -181,5 +183,5 @@ class KVEventIngest:
         else:
             log.warning("kv events of %s: no source configured and discovery is off; residency stays approximate", instance)
             return
-        for spec in specs:
+        for spec in specs:  # all known before any is added, so a failure never leaves a half-subscribed retry
             self.add_source(spec)
