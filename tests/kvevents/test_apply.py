@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from router.kvevents.apply import TableWriter
 from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored
 from router.request.hashing import root_seed, token_block_keys
@@ -113,3 +115,31 @@ def test_residency_matched_leaves_out_stale_instances_and_takes_the_best_rank():
     assert res.matched(keys, ["a", "b", "c"]) == {"a": 3}  # b is stale (never synced), c has no events
     r0.fresh = False
     assert res.matched(keys, ["a"]) == {}
+
+
+def test_the_raw_fast_path_and_the_decoder_build_the_same_table():
+    import msgpack
+
+    from router.kvevents.wire import WireError, decode_batch_raw, decode_payload
+
+    prompt = tokens(96)
+    raw = [
+        {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None, "token_ids": prompt[:32],
+         "block_size": 16, "medium": "GPU"},
+        {"type": "BlockStored", "block_hashes": [b"\x03", b"\x04"], "parent_block_hash": 2, "token_ids": prompt[32:64],
+         "block_size": 16},  # bytes hashes: the decoder's path
+        ["BlockStored", [5, 6], 4, prompt[64:], 16, None, "CPU"],  # positional: the decoder's path
+        {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
+        ["BlockRemoved", [6], "CPU"],
+    ]
+    payload = msgpack.packb([0.0, raw, 0], use_bin_type=True)
+    fast, slow = writer(), writer()
+    fast[0].apply_raw(decode_batch_raw(payload)[1])
+    slow[0].apply(decode_payload(payload).events)
+    keys = token_block_keys(prompt, 16, root_seed("m"), 100)
+    assert fast[1].depth(keys, 0.5) == slow[1].depth(keys, 0.5) == 1  # block 2 left the GPU
+    assert len(fast[1]) == len(slow[1]) == 4
+    assert fast[0].counters == slow[0].counters
+    bad = msgpack.packb([0.0, [{"type": "BlockRemoved", "block_hashes": ["x"]}], 0])
+    with pytest.raises(WireError):
+        fast[0].apply_raw(decode_batch_raw(bad)[1])
