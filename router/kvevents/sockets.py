@@ -10,9 +10,9 @@ endpoint names a host:
 
 A receive loop handles what is queued, yielding to the event loop whenever it has worked
 ``_SLICE_S`` without a break (awaiting a message that is already there does not yield),
-so a burst of events delays a request by at most about a millisecond. Memory stays bounded by the
-socket's receive high-water mark: what does not fit is dropped by ZMQ and shows up as a
-sequence gap.
+so a burst of events delays each step of a request by a fraction of a millisecond.
+Memory stays bounded by the socket's receive high-water mark: what does not fit is
+dropped by ZMQ and shows up as a sequence gap.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from router.kvevents.wire import WireError, decode_seq
 
 log = logging.getLogger(__name__)
 
-_SLICE_S = 0.001
+_SLICE_S = 0.0003
 _END = -1
 
 Handler = Callable[[bytes, int, bytes], None]
