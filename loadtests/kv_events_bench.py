@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -42,6 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import LoadResult, encode_post, new_event_loop, run_load
+from loadtests.machine import busy_processes, contention_note, wait_until_quiet
 from loadtests.overhead import zero_backend
 from loadtests.report import table, write_section
 from router.tools.emulator.launch import free_port
@@ -73,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=6.0, help="seconds per ingest measurement")
     p.add_argument("--ingest-rates", type=float, nargs="+", default=[200, 0],
                    help="routed requests/s during the ingest runs (0 = closed loop, as fast as the router answers)")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait up to this long for other heavy processes to finish")
     p.add_argument("--write", action="store_true")
     return p.parse_args(argv)
 
@@ -226,8 +230,6 @@ def in_process_cost() -> float:
 
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds a process has used (from /proc)."""
-    import os
-
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
@@ -415,7 +417,8 @@ async def _loop_stall(file_tok: Any, text: str) -> float:
 def main() -> int:
     args = parse_args()
     parts = {"replay": part_replay, "live": part_live, "ingest": part_ingest, "tokenize": part_tokenize}
-    out = []
+    busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_processes()
+    out = [f"{contention_note(busy)} Load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     for name in args.parts:
         print(f"{name} ...", file=sys.stderr)
         out.append(parts[name](args))
