@@ -8,9 +8,11 @@ endpoint names a host:
 * bound: one SUB bound by the router, that engines' PUBs connect to; the topic frame
   tells the engines apart (so each needs its own, e.g. ``kv@<instance>``).
 
-A receive loop handles what is queued, yielding to the event loop whenever it has worked
-``_SLICE_S`` without a break (awaiting a message that is already there does not yield),
-so a burst of events delays each step of a request by a fraction of a millisecond.
+A receive loop handles what is queued in slices, yielding to the event loop between them
+(awaiting a message that is already there does not yield). A slice lasts as long as the
+rest of the loop just took, between ``_SLICE_S`` and ``_MAX_SLICE_S``: ingestion gets an
+even share of a busy process, so events keep up under heavy routing, and a light one
+delays each step of a request by a fraction of a millisecond.
 Memory stays bounded by the socket's receive high-water mark: what does not fit is
 dropped by ZMQ and shows up as a sequence gap.
 """
@@ -30,6 +32,7 @@ from router.kvevents.wire import WireError, decode_seq
 log = logging.getLogger(__name__)
 
 _SLICE_S = 0.0003
+_MAX_SLICE_S = 0.002
 _END = -1
 
 Handler = Callable[[bytes, int, bytes], None]
@@ -75,8 +78,8 @@ async def receive_loop(sock: zmq.asyncio.Socket, handle: Handler, name: str, on_
 
     One await per burst, not per message: after a message arrives, whatever else is
     queued is taken with non-blocking receives on the plain socket (an asyncio future per
-    message costs as much as applying a small batch), for at most ``_SLICE_S``; then the
-    loop yields so requests are served between slices."""
+    message costs as much as applying a small batch), slice by slice (see the module
+    docstring), the loop serving requests between slices."""
     clock = time.perf_counter
     plain = zmq.Socket.shadow(sock.underlying)  # the same socket without zmq.asyncio's futures
     while True:
@@ -89,8 +92,10 @@ async def receive_loop(sock: zmq.asyncio.Socket, handle: Handler, name: str, on_
                 break
             _handle(frames, handle, name, on_error)
             if clock() > deadline:
+                paused = clock()
                 await asyncio.sleep(0)
-                deadline = clock() + _SLICE_S
+                others = clock() - paused  # what the rest of the loop took meanwhile
+                deadline = clock() + min(_MAX_SLICE_S, max(_SLICE_S, others))
 
 
 async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout_s: float) -> list[tuple[int, bytes]] | None:
