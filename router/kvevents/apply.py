@@ -105,14 +105,9 @@ class TableWriter:
             self.apply([decode_event(raw)])
 
     def _removed(self, hashes: Sequence[int], medium: str | None) -> None:
-        c = self.counters
-        remove = self.table.remove
-        tier = tier_of(medium)
-        for h in hashes:
-            if remove(h, tier):
-                c.removed_blocks += 1
-            else:
-                c.unknown_removals += 1
+        found = self.table.remove_run(hashes, tier_of(medium))
+        self.counters.removed_blocks += found
+        self.counters.unknown_removals += len(hashes) - found
 
     def _stored(self, hashes: Sequence[int], parent: int | None, tokens: Sequence[int], bs: int,
                 medium: str | None, lora_name: str | None) -> None:

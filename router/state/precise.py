@@ -96,6 +96,30 @@ class BlockTable:
             self._uncount(old_keys, old_tiers)
             self.overflow += 1
 
+    def remove_run(self, hashes: Sequence[int], tier: int) -> int:
+        """``remove`` for several blocks in one loop; returns how many the table had there."""
+        blocks = self._blocks
+        counts = self._gpu if tier == _GPU else self._offload
+        get = blocks.get
+        found = 0
+        for h in hashes:
+            entry = get(h)
+            if entry is None or not entry[1] & tier:
+                continue
+            found += 1
+            keys, tiers = entry
+            for key in keys:
+                n = counts[key] - 1
+                if n:
+                    counts[key] = n
+                else:
+                    del counts[key]
+            if tiers == tier:
+                del blocks[h]
+            else:
+                blocks[h] = (keys, tiers & ~tier)
+        return found
+
     def remove(self, engine_hash: int, tier: int) -> bool:
         """Drop one tier of a block; False when the table never had it there."""
         entry = self._blocks.get(engine_hash)
