@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-tokens", type=int, default=8_000,
                    help="live engines: two running requests and about three of the twelve tenants' prefixes")
     p.add_argument("--groups", type=int, default=12)
-    p.add_argument("--events-per-s", type=int, default=100_000, help="target rate of the paced flood")
+    p.add_argument("--events-per-s", type=int, nargs="+", default=[50_000, 100_000], help="rates of the paced floods")
     p.add_argument("--duration", type=float, default=6.0, help="seconds per ingest measurement")
     p.add_argument("--ingest-rates", type=float, nargs="+", default=[200, 0],
                    help="routed requests/s during the ingest runs (0 = closed loop, as fast as the router answers)")
@@ -244,7 +244,7 @@ def part_ingest(args: argparse.Namespace) -> str:
         with router_process(config) as router:
             for c in args.ingest_rates:
                 base: LoadResult | None = None
-                for rate in (None, args.events_per_s, 0):
+                for rate in (None, *args.events_per_s, 0):
                     flood = _flood(port, rate, args.duration + 1.5) if rate is not None else None
                     try:
                         if flood is not None:
