@@ -164,6 +164,7 @@ class Source:
         if covered and frames is not None:
             if start == 0:
                 self.writer.table.clear()
+            malformed = self.counters.malformed
             expected = start
             for seq, payload in frames:
                 if seq < expected:
@@ -174,6 +175,8 @@ class Source:
                 self.synced = True
                 self._apply(seq, payload)
                 expected += 1
+            if self.counters.malformed > malformed:  # a replayed batch that does not decode fills nothing
+                covered = False
         if covered:
             self.synced = True
             self.writer.table.fresh = True

@@ -117,3 +117,13 @@ async def test_an_engine_that_never_published_is_known_empty_from_its_replay():
     src.begin()
     await asyncio.sleep(0.01)
     assert res.matched(K, ["a"]) == {"a": 0}
+
+
+async def test_a_replay_with_an_undecodable_batch_does_not_resync():
+    async def replay(endpoint, start):
+        return [(0, batch(stored([1], None, P[:16]))), (1, b"\xc1garbage")]
+
+    res, src = source(replay, "tcp://127.0.0.1:2")
+    src.begin()
+    await asyncio.sleep(0.01)
+    assert res.matched(K, ["a"]) == {} and src.counters.replays_failed == 1
