@@ -95,7 +95,6 @@ class KVEventIngest:
         writer = TableWriter(self.residency.table(spec.instance, spec.dp_rank), spec.model,
                              self._config.hashing.block_tokens, self._config.hashing.seed)
         source = Source(spec, writer, self._replay, self._kv.max_pending_batches)
-        self.sources.append(source)
         if spec.endpoint is None:
             assert spec.bind is not None, "a connecting publisher's source names the router's bind address"
             self._route_topic(self._bind(spec.bind), spec.topic.encode(), source)
@@ -107,6 +106,7 @@ class KVEventIngest:
                 source.on_message(seq, payload)
 
             self._tasks.append(asyncio.create_task(self._run(sock, handle, spec.name), name=f"kv-sub-{spec.name}"))
+        self.sources.append(source)  # once its socket is there: a failed bind leaves no dead source behind
         source.begin()
         log.info("kv events of %s: %s", spec.name, f"SUB connected to {spec.endpoint}" if spec.endpoint
                  else f"topic {spec.topic!r} on the bound {spec.bind}")
