@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # loadtests/ is not an installed package
 
-from loadtests import overhead, peers, side_by_side
+from loadtests import kv_events_bench, overhead, peers, side_by_side
 from loadtests.loadgen import LoadResult, encode_post, run_load
 from loadtests.machine import Busy, contention_note
 from loadtests.profile_summary import summarise
@@ -144,3 +144,11 @@ def test_cpu_per_request_end_to_end_without_peers(capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert "| plain | 2 | pd-router |" in out and "| stream | 2 | pd-router |" in out
     assert all(line.rstrip().endswith("| 0 |") for line in out.splitlines() if line.startswith("| plain") or line.startswith("| stream"))
+
+
+def test_kv_events_bench_replay_part_renders_both_residencies() -> None:
+    args = kv_events_bench.parse_args(["--trace", "synthetic:shared_prefix:groups=4,users=2,system=600,question=100,"
+                                       "output=8,stages=2x10", "--replay-cache-tokens", "2000"])
+    assert args.parts == ["replay", "live", "ingest", "tokenize"] and not args.write
+    text = kv_events_bench.part_replay(args)
+    assert text.count("| approximate |") == 2 and text.count("| precise |") == 2

@@ -18,6 +18,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from router.config.discovery import DiscoveryConfig, ReloadConfig
 from router.config.engines import EnginesConfig
 
+from router.config.precise import HashingMode, KVEventsConfig, TokensConfig
+
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
 
@@ -121,14 +123,23 @@ class StateConfig(_Strict):
 
 
 class HashingConfig(_Strict):
+    mode: HashingMode = Field(default="chars", description="chars: keys over characters of the prompt; tokens: "
+                              "over the engine's token blocks (needed for keys that meet the engines' KV events)")
     block_chars: int = Field(default=256, ge=8, description="characters per block key")
     chars_per_token: float = Field(default=4.0, gt=0, description="estimate used to turn characters into tokens")
     max_blocks: int = Field(default=4096, ge=1, description="longest prefix (in blocks) the router tracks")
     seed: int = Field(default=0, ge=0, lt=2**64, description="seed of the block hash (all replicas must agree)")
+    tokens: TokensConfig = Field(default_factory=TokensConfig, description="token mode: where token ids come from and the engine block size")
+
+    @property
+    def text_block_tokens(self) -> int:
+        """Tokens a character block stands for (an estimate)."""
+        return max(1, round(self.block_chars / self.chars_per_token))
 
     @property
     def block_tokens(self) -> int:
-        return max(1, round(self.block_chars / self.chars_per_token))
+        """Tokens per key of a token prompt: the engine block size in token mode."""
+        return self.tokens.block_size if self.mode == "tokens" else self.text_block_tokens
 
 
 class TTFTWeights(_Strict):
@@ -316,6 +327,7 @@ class RouterConfig(BaseSettings):
     discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig, description="instances found at run time (Kubernetes, DNS)")
     reload: ReloadConfig = Field(default_factory=ReloadConfig, description="live reload of the config file")
     engines: EnginesConfig = Field(default_factory=EnginesConfig, description="what the router learns from the engines themselves (facts, load)")
+    kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, description="precise residency from the engines' KV events")
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":
@@ -324,6 +336,9 @@ class RouterConfig(BaseSettings):
             if inst.id in seen:
                 raise ValueError(f"duplicate instance {inst.id!r}")
             seen.add(inst.id)
+        if self.kv_events.enabled and self.hashing.mode != "tokens":
+            raise ValueError("kv_events.enabled needs hashing.mode: tokens (request keys must be chained over "
+                             "the engines' token blocks to meet the keys of their events)")
         return self
 
     @classmethod

@@ -34,6 +34,7 @@ from router.gateway.fastpath import RouterApp
 from router.gateway.explain import explain
 from router.request.admission import Admission
 from router.request.lifecycle import Hook
+from router.kvevents import precise_store
 from router.request.service import RouterService
 from router.scheduling import Policy, build_policy
 from router.state.base import StateStore
@@ -80,8 +81,9 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     config comes from, for reloads (router/gateway/live.py)."""
     pool = InstancePool(config)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
-    store = store or build_store(config, caps)
-    metrics = Metrics(lambda: _store_counters(store))
+    base_store = store or build_store(config, caps)
+    metrics = Metrics(lambda: _store_counters(base_store))
+    store, kv_ingest = precise_store(config, pool, base_store, metrics.registry)
     book = EngineBook(config.engines.stale_after_s or 0.0)  # what the engines report, read by the request path
 
     def make_policy(cfg: RouterConfig, disaggregated: bool) -> Policy:
@@ -100,6 +102,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         upstream = Upstream.open(config.proxy.max_connections, config.proxy.request_timeout_s)
         try:
             await store.start()
+            if kv_ingest is not None:
+                await kv_ingest.start(upstream.client)
             poller = EnginePoller(config, pool, store, upstream.client, book)
 
             async def recovered(instance_id: str) -> None:
@@ -127,6 +131,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                if kv_ingest is not None:
+                    await kv_ingest.close()
                 await store.close()
         finally:
             await upstream.aclose()
@@ -135,6 +141,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     app.state.config = config
     app.state.pool = pool
     app.state.store = store
+    app.state.kv_events = kv_ingest
     app.state.metrics = metrics
     app.state.engines = book
 

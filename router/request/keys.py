@@ -20,5 +20,5 @@ def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str
         keys=tuple(keys),
         prompt_tokens=parsed.prompt_tokens,
         max_tokens=parsed.max_tokens or default_max_tokens,
-        block_tokens=hashing.block_tokens,
+        block_tokens=hashing.block_tokens if parsed.tokens is not None else hashing.text_block_tokens,
     )

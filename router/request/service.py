@@ -51,6 +51,7 @@ from router.scheduling.prune import Pruner
 from router.scheduling.decide import Routed, decide
 from router.scheduling.framework import Policy, RouteRequest
 from router.engines.book import EngineBook
+from router.request.tokenize import build_tokenizer
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
@@ -133,6 +134,7 @@ class RouterService:
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
+        self.tokenizer = build_tokenizer(config.hashing, pool, upstream.client)  # token mode only
         p = config.proxy
         self.timeout = httpx.Timeout(p.request_timeout_s, connect=p.connect_timeout_s)  # a JSON answer comes whole
         # A stream's reads are bounded here instead: its first chunk by first_byte_timeout_s (per
@@ -181,6 +183,8 @@ class RouterService:
             raw = json.dumps(parsed.body).encode()
         slo = request_slo(request, self.config.pd.ttft_slo_s)
         self.admission.check(parsed)  # unknown model 404, over-long prompt 400: what the engine would answer
+        if self.tokenizer is not None:
+            parsed = await self.tokenizer.apply(parsed)
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)

@@ -51,16 +51,20 @@ def pd_cluster_spec(prefill: int, decode: int, mixed: int = 0, flavor: str = "vl
 @contextlib.contextmanager
 def emulated_cluster(
     specs: Sequence[EngineSpec], *, profile: str = "llama3-8b-h100", time_scale: float = 0.05, seed: int = 0,
-    cache_tokens: int | None = None,
+    cache_tokens: int | None = None, kv_events: bool = False,
 ) -> Iterator[list[Engine]]:
-    """Start one emulator process per spec (in parallel); stop them all on exit."""
+    """Start one emulator process per spec (in parallel); stop them all on exit. With
+    ``kv_events`` each publishes its KV events, with a replay socket, on free ports (see
+    GET /kv_event_sources)."""
     names = _names(specs)
 
     def start(i: int) -> EmulatorProcess:
         spec = specs[i]
         config = EmulatorConfig(flavor=spec.flavor, role=spec.role, profile=profile, model="demo-model",  # type: ignore[arg-type]
                                 seed=seed + i, time_scale=time_scale, cache_tokens=cache_tokens,
-                                bootstrap_port=0, engine_id=names[i], default_max_tokens=32)
+                                bootstrap_port=0, engine_id=names[i], default_max_tokens=32,
+                                kv_events_endpoint="tcp://*:0" if kv_events else None,
+                                kv_events_replay_endpoint="tcp://*:0" if kv_events else None)
         return spawn_emulator(config)
 
     engines: list[Engine] = []

@@ -265,6 +265,12 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
+async def kv_event_sources(request: Request) -> Response:
+    """Where this engine publishes KV events (vLLM 0.32: a bare list, empty when off)."""
+    publisher = _runtime(request).kv_events
+    return JSONResponse(publisher.sources() if publisher is not None else [])
+
+
 async def version(request: Request) -> Response:
     return JSONResponse({"version": f"emulator-{__version__}"})
 
@@ -277,4 +283,5 @@ def routes() -> list[Route]:
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/version", version, methods=["GET"]),
+        Route("/kv_event_sources", kv_event_sources, methods=["GET"]),
     ]

@@ -114,6 +114,14 @@ class EmulatorConfig:
     """SGLang prefill bootstrap listener port (0 = pick a free one)."""
     bootstrap_timeout_s: float = 10.0
     stats_history: int = 2000
+    kv_events_endpoint: str | None = None
+    """Publish KV events (vLLM's ZMQ format) here: ``tcp://*:PORT`` binds (``:0`` = any
+    free port), a named host connects; None = no events."""
+    kv_events_topic: str = ""
+    kv_events_replay_endpoint: str | None = None
+    """A replay ROUTER socket (always binds), e.g. ``tcp://*:0``."""
+    kv_events_positional: bool = False
+    """Encode events as positional arrays (vLLM before 0.32) instead of maps."""
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def validate(self) -> None:

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from router.tools.emulator.kv_events import KVEventLog
 from router.tools.emulator.kvcache import KVCache, block_hashes
 from router.tools.emulator.perf import PerfProfile, StepShape, attention_pairs, step_time
 from router.tools.emulator.request import (
@@ -264,9 +265,26 @@ class Engine:
         hashes = r.hashes
         assert hashes is not None
         full = min(r.num_computed // self.config.block_size, len(hashes))
-        for i in range(r.num_committed, full):
-            self.kv.commit(r.block_ids[i], hashes[i])
+        events = self.kv.events
+        if events is None:
+            for i in range(r.num_committed, full):
+                self.kv.commit(r.block_ids[i], hashes[i])
+        else:
+            self._commit_and_tell(r, hashes, full, events)
         r.num_committed = max(r.num_committed, full)
+
+    def _commit_and_tell(self, r: EngineRequest, hashes: list[int], full: int, events: KVEventLog) -> None:
+        """Commit, and report each run of newly published blocks as one BlockStored."""
+        bs = self.config.block_size
+        run_start = -1
+        for i in range(r.num_committed, full + 1):
+            published = i < full and self.kv.commit(r.block_ids[i], hashes[i])
+            if published and run_start < 0:
+                run_start = i
+            elif not published and run_start >= 0:
+                events.stored(hashes[run_start:i], hashes[run_start - 1] if run_start else None,
+                              list(r.prompt[run_start * bs:i * bs]))
+                run_start = -1
 
     def _advance_prefill(self, r: EngineRequest, n: int, end: float,
                          events: list[Event], finished: list[EngineRequest]) -> None:

@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pd-fallback", choices=PD_FALLBACKS, default=d.pd_fallback,
       help="when remote KV is unavailable: fail (error) or prefill locally")
     a("--stats-history", type=int, default=d.stats_history)
+    a("--kv-events-endpoint", default=None,
+      help="publish KV events on ZMQ (tcp://*:PORT binds, a named host connects)")
+    a("--kv-events-topic", default=d.kv_events_topic)
+    a("--kv-events-replay-endpoint", default=None, help="replay socket, e.g. tcp://*:0")
+    a("--kv-events-positional", action="store_true", help="positional-array events (vLLM < 0.32)")
     for _field, flag, kind, text in _FAULT_FLAGS:
         a(flag, type=kind, default=None, help=text)
     a("--fault-crash-on-request", action="store_true", help="exit on the next request")
@@ -90,7 +95,9 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         kv_transfer_latency_s=args.kv_transfer_latency,
         kv_hold_timeout_s=args.kv_hold_timeout, pd_fallback=args.pd_fallback,
         bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
-        stats_history=args.stats_history, faults=faults,
+        stats_history=args.stats_history, kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_topic=args.kv_events_topic, kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_events_positional=args.kv_events_positional, faults=faults,
     )
 
 
@@ -111,7 +118,9 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
                 ("--advertise-host", c.advertise_host), ("--cache-tokens", c.cache_tokens),
                 ("--max-batched-tokens", c.max_batched_tokens),
                 ("--max-model-len", c.max_model_len),
-                ("--kv-bandwidth-gbps", c.kv_bandwidth_gbps))
+                ("--kv-bandwidth-gbps", c.kv_bandwidth_gbps),
+                ("--kv-events-endpoint", c.kv_events_endpoint),
+                ("--kv-events-replay-endpoint", c.kv_events_replay_endpoint))
     for flag, value in optional:
         if value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]
@@ -120,6 +129,10 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
         if getattr(f, field) != getattr(FaultConfig(), field) or (
                 field == "stall_rate" and f.stall_seconds != 0):
             argv += [flag, repr(getattr(f, field))]
+    if c.kv_events_topic:
+        argv += ["--kv-events-topic", c.kv_events_topic]
+    if c.kv_events_positional:
+        argv.append("--kv-events-positional")
     if f.crash_on_request:
         argv.append("--fault-crash-on-request")
     if f.unhealthy:

@@ -26,8 +26,12 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import xxhash
+
+if TYPE_CHECKING:
+    from router.tools.emulator.kv_events import KVEventLog
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, salt: str = "") -> list[int]:
@@ -65,6 +69,7 @@ class KVCache:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self.reserved = 0
         self.evictions = 0
+        self.events: KVEventLog | None = None  # told of every block published, evicted or dropped
 
     # -- queries -------------------------------------------------------------
 
@@ -134,6 +139,8 @@ class KVCache:
                 if old is not None:
                     del self._by_hash[old]
                     self._hash[bid] = None
+                    if self.events is not None:
+                        self.events.removed(old)
                 self.evictions += 1
             self._ref[bid] = 1
             ids.append(bid)
@@ -150,15 +157,17 @@ class KVCache:
         self.reserved -= 1
         return self.allocate(1)[0]
 
-    def commit(self, block_id: int, block_hash: int) -> None:
+    def commit(self, block_id: int, block_hash: int) -> bool:
         """Publish a just-filled full block so later requests can hit it.
 
         If an identical block was published meanwhile (two requests computed
-        the same prefix concurrently) this copy simply stays private.
+        the same prefix concurrently) this copy simply stays private (False).
         """
         if block_hash not in self._by_hash and self._hash[block_id] is None:
             self._by_hash[block_hash] = block_id
             self._hash[block_id] = block_hash
+            return True
+        return False
 
     def release(self, block_ids: Sequence[int]) -> None:
         """Unpin blocks; tail blocks first so they are evicted first."""
@@ -174,12 +183,18 @@ class KVCache:
     def reset_prefix_cache(self) -> int:
         """Forget every unreferenced cached block; returns how many."""
         dropped = 0
+        events = self.events
+        emptied = len(self._evictable) == len(self._by_hash)  # every cached block goes
         while self._evictable:
             bid, _unused = self._evictable.popitem(last=False)
             old = self._hash[bid]
             if old is not None:
                 del self._by_hash[old]
                 self._hash[bid] = None
+                if events is not None and not emptied:
+                    events.removed(old)
             self._free.append(bid)
             dropped += 1
+        if events is not None and emptied:
+            events.cleared()  # nothing cached is left: one event says it, as vLLM's after a reset
         return dropped

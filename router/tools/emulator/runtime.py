@@ -17,6 +17,7 @@ from router.tools.emulator.build import build_engine
 from router.tools.emulator.config import EmulatorConfig, FaultConfig
 from router.tools.emulator.driver import EngineDriver, RequestStream
 from router.tools.emulator.faults import FaultInjector
+from router.tools.emulator.kv_events import KVEventLog, KVEventPublisher
 from router.tools.emulator.metrics import EngineMetrics
 from router.tools.emulator.openai_schema import Limits
 from router.tools.emulator.pd_sglang import BootstrapServer
@@ -51,6 +52,12 @@ class EmulatorRuntime:
                                    on_first_token=self._on_first_token,
                                    on_finished=self._on_finished)
         self.kv_holds = KVHolds(self.driver, config.kv_hold_timeout_s, self.stats.pd)
+        self.kv_events: KVEventPublisher | None = None
+        if config.kv_events_endpoint:
+            self.engine.kv.events = KVEventLog(self.engine.config.block_size)
+            self.kv_events = KVEventPublisher(
+                self.engine.kv.events, config.kv_events_endpoint, topic=config.kv_events_topic,
+                replay_endpoint=config.kv_events_replay_endpoint, positional=config.kv_events_positional)
         self.bootstrap: BootstrapServer | None = None
         self.bootstrap_port: int | None = None
         self.http: httpx.AsyncClient | None = None
@@ -60,6 +67,8 @@ class EmulatorRuntime:
     # -- lifecycle (called from the app's lifespan) ------------------------------
 
     async def start(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.start()
         self.driver.start()
         # trust_env=False: PD peers are addressed directly, never via a proxy.
         self.http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0))
@@ -76,6 +85,8 @@ class EmulatorRuntime:
         if self.http is not None:
             await self.http.aclose()
         await self.driver.stop()
+        if self.kv_events is not None:
+            await self.kv_events.stop()
 
     # -- helpers -----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import TextIO
 from router.scheduling.presets import PRESET_NAMES
 from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.precise import RESIDENCIES
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
 from router.tools.replay.source import load_trace
@@ -56,11 +57,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the arrival rate (timestamps / X)")
     p.add_argument("--profile", default="llama3-8b-h100", choices=sorted(PROFILES))
     p.add_argument("--cache-tokens", type=int, default=None, help="KV cache per engine (default: the profile's)")
+    p.add_argument("--router-cache-tokens", type=int, default=None,
+                   help="cache size the router is told per engine (default: the engines' real one); e.g. the "
+                        "config default 500000, to see what approximate residency predicts when it is wrong")
     p.add_argument("--link-gbps", type=float, default=None, help="P->D KV link bandwidth (default: the profile's)")
     p.add_argument("--out", default="replay-out", help="directory for summary.json, summary.md and plots")
     p.add_argument("--ttft-slo", type=float, default=30.0, help="TTFT SLO in seconds for slo_attainment")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N arrivals")
     p.add_argument("--seed", type=int, default=0, help="seed of the policies' tie breaks and synthetic traces")
+    p.add_argument("--residency", choices=RESIDENCIES, default="approximate",
+                   help="where the router's residency comes from: its routing history (approximate) or the "
+                        "simulated engines' KV events, i.e. their actual cache contents (precise)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -76,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         if args.rate_scale <= 0 or (args.limit is not None and args.limit < 1) or args.ttft_slo <= 0:
             raise ValueError("--rate-scale and --ttft-slo must be > 0 and --limit >= 1")
         mixed = args.mixed if args.mixed is not None else (0 if args.prefill or args.decode else 8)
-        spec = ClusterSpec(args.prefill, args.decode, mixed, args.profile, args.cache_tokens, args.link_gbps)
+        spec = ClusterSpec(args.prefill, args.decode, mixed, args.profile, args.cache_tokens, args.link_gbps,
+                           router_cache_tokens=args.router_cache_tokens)
         trace = load_trace(args.trace, args.seed).limited(args.limit).scaled(args.rate_scale)
     except TraceError as exc:
         hint = "" if Path(args.trace).exists() or args.trace.startswith("synthetic:") else \
@@ -88,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     policies = list(dict.fromkeys(args.policy or DEFAULT_POLICIES))
     print(f"replaying {len(trace.requests)} requests of {trace.name} ({trace.requests[-1].arrival_s:.0f} s after"
-          f" --rate-scale {args.rate_scale:g}) on {spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile}",
+          f" --rate-scale {args.rate_scale:g}) on {spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile},"
+          f" {args.residency} residency",
           file=sys.stderr)
     outcomes: list[Outcome] = []
     for name in policies:
         progress = None if args.quiet else Progress(name)
-        outcome = replay(trace, spec, name, seed=args.seed, ttft_slo_s=args.ttft_slo, on_progress=progress)
+        outcome = replay(trace, spec, name, seed=args.seed, ttft_slo_s=args.ttft_slo, on_progress=progress,
+                         residency=args.residency)
         print(f"{name}: {outcome.wall_s:.1f} s wall", file=sys.stderr)
         outcomes.append(outcome)
     out = Path(args.out)

@@ -32,6 +32,7 @@ class ClusterSpec:
     link_gbps: float | None = None  # P -> D KV link; None = the profile's
     transfer_latency_s: float = 0.0005  # fixed cost per transfer (the emulator's default)
     max_num_seqs: int = 256
+    router_cache_tokens: int | None = None  # the cache size the router is told; None = the engines' real one
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -102,7 +103,7 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
         for i in range(count):
             candidate = Candidate(
                 id=f"{prefix}{i}",
-                cache_tokens=config.num_blocks * config.block_size,
+                cache_tokens=spec.router_cache_tokens or config.num_blocks * config.block_size,
                 prefill_tokens_per_s=rate,
                 role=role,
                 compat=compat,

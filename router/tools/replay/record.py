@@ -30,6 +30,7 @@ class Recorder:
     finish: list[float] = field(init=False)
     prompt: list[int] = field(init=False)
     cached: list[int] = field(init=False)  # prompt tokens the prefilling engine served from its cache
+    predicted: list[int] = field(init=False)  # prompt tokens the router's residency said it held there
     moved: list[int] = field(init=False)  # KV tokens sent P -> D
     output: list[int] = field(init=False)
     mode: list[str] = field(init=False)
@@ -51,6 +52,7 @@ class Recorder:
         self.finish = [nan] * self.n
         self.prompt = [0] * self.n
         self.cached = [0] * self.n
+        self.predicted = [0] * self.n
         self.moved = [0] * self.n
         self.output = [0] * self.n
         self.mode = [""] * self.n

@@ -21,6 +21,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("ttft_p99", "TTFT p99 s", "{:.3f}"),
     ("tbt_p90", "TBT p90 ms", "ms"),
     ("hit_ratio", "hit ratio", "{:.3f}"),
+    ("predicted_hit_ratio", "predicted hit", "{:.3f}"),
     ("max_mean_load", "max/mean load", "{:.2f}"),
     ("throughput_tok_s", "out tok/s", "{:.0f}"),
     ("slo_attainment", "TTFT<=SLO", "{:.3f}"),

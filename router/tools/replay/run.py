@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from router.config.model import PolicyConfig
 from router.scheduling import Policy, build_policy
 from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.precise import Residency
 from router.tools.replay.sim import Simulation
 from router.tools.replay.summary import Curves, curves, summarize
 from router.tools.replay.trace import Trace
@@ -33,8 +34,8 @@ class Outcome:
 
 
 def replay(trace: Trace, spec: ClusterSpec, name: str, *, seed: int = 0, ttft_slo_s: float = 30.0,
-           on_progress: Callable[[int, int], None] | None = None) -> Outcome:
+           on_progress: Callable[[int, int], None] | None = None, residency: Residency = "approximate") -> Outcome:
     started = time.perf_counter()
-    sim = Simulation(trace, spec, policy_for(name, spec, seed), on_progress=on_progress)
+    sim = Simulation(trace, spec, policy_for(name, spec, seed), on_progress=on_progress, residency=residency)
     sim.run()
     return Outcome(summarize(sim, ttft_slo_s), curves(sim), time.perf_counter() - started)

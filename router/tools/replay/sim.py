@@ -31,10 +31,12 @@ from router.tools.emulator.perf import kv_transfer_time
 from router.tools.emulator.request import EngineRequest, EventKind, StepOutput
 from router.scheduling.framework import Policy, RouteRequest
 from router.tools.replay.cluster import ClusterSpec, Node, build_cluster
+from router.tools.replay.precise import EngineFeeds, Residency, token_hashing
 from router.tools.replay.prompts import PromptBuilder
 from router.tools.replay.record import Recorder
 from router.tools.replay.trace import Trace
 from router.scheduling.decide import Routed, decide
+from router.state.base import StateStore
 from router.state.memory import MemoryStore
 
 T = TypeVar("T")
@@ -70,19 +72,26 @@ class Flight:
 class Simulation:
     def __init__(self, trace: Trace, spec: ClusterSpec, policy: Policy, *, hashing: HashingConfig | None = None,
                  residency_ttl_s: float | None = None, bucket_s: float | None = None,
-                 on_progress: Callable[[int, int], None] | None = None) -> None:
+                 on_progress: Callable[[int, int], None] | None = None, residency: Residency = "approximate") -> None:
         self.trace = trace
         self.spec = spec
         self.policy = policy
         self.now = 0.0
         self.nodes = build_cluster(spec)
-        hashing = hashing or HashingConfig()
+        model = spec.emulator_config().served_model
+        self.residency = residency
+        if hashing is None:  # precise residency needs keys over the engines' own token blocks
+            hashing = token_hashing(self.nodes[0].engine.config.block_size) if residency == "precise" else HashingConfig()
         self._by_id = {n.id: n for n in self.nodes}
         self._candidates = [n.candidate for n in self.nodes]
         ttl = residency_ttl_s if residency_ttl_s is not None else StateConfig().residency_ttl_s
         caps = {n.id: max(1, n.candidate.cache_tokens // hashing.block_tokens) for n in self.nodes}
-        self.store = MemoryStore(caps, ttl, clock=self._clock)
-        self._prompts = PromptBuilder(trace.block_tokens, hashing, spec.emulator_config().served_model)
+        self.store: StateStore = MemoryStore(caps, ttl, clock=self._clock)
+        self.feeds: EngineFeeds | None = None
+        if residency == "precise":
+            self.feeds = EngineFeeds({n.id: n.engine for n in self.nodes}, model, hashing)
+            self.store = self.feeds.store(self.store, caps, self._clock)
+        self._prompts = PromptBuilder(trace.block_tokens, hashing, model)
         self._profile = spec.perf()
         self._link_gbps = spec.link()
         span = trace.requests[-1].arrival_s if trace.requests else 0.0
@@ -143,6 +152,8 @@ class Simulation:
         if node.busy or not node.engine.has_work():
             return
         out = node.engine.step(self.now)
+        if self.feeds is not None:
+            self.feeds.after_step(node.engine)
         if out.idle:  # the queue head waits for KV room; a release will kick the engine
             return
         node.busy = True
@@ -172,6 +183,8 @@ class Simulation:
         answer = self._by_id[d.instance]
         prefill = self._by_id[d.prefill] if d.prefill is not None else None
         self.record.routed(i, self.now, tr.input_tokens, tr.output_tokens, d)
+        held = routed.snapshot.matched.get(d.prefill or d.instance, 0) * req.block_tokens
+        self.record.predicted[i] = min(tr.input_tokens, held)
         if not answer.engine.can_ever_fit(tr.input_tokens, tr.output_tokens) or (
             prefill is not None and not prefill.engine.can_ever_fit(tr.input_tokens, 1)
         ):

@@ -1,0 +1,84 @@
+"""Configuration of precise residency: the engines' KV events and token-mode hashing.
+
+Kept apart from ``router.config.model`` so that the event-ingestion settings stay one
+section (``kv_events``) and the token-mode settings one sub-section (``hashing.tokens``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+HashingMode = Literal["chars", "tokens"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_zmq_endpoint(value: str) -> str:
+    if not value.startswith(("tcp://", "ipc://")):
+        raise ValueError("must be a ZMQ endpoint such as tcp://10.0.0.5:5557 or ipc:///tmp/kv.sock")
+    return value
+
+
+ZmqEndpoint = Annotated[str, AfterValidator(_check_zmq_endpoint)]
+
+
+class TokensConfig(_Strict):
+    """Token mode: request keys are chained over the engine's own token blocks.
+
+    ``source: engine`` asks the engine that serves the model (``POST /tokenize``, which
+    applies its own chat template); ``source: file`` tokenizes in the router with the
+    ``tokenizers`` package from a local ``tokenizer.json`` (never a hub download)."""
+
+    source: Literal["engine", "file"] = "engine"
+    path: str | None = Field(default=None, description="tokenizer.json, for source: file")
+    chat_template_path: str | None = Field(
+        default=None, description="tokenizer_config.json (or a .jinja file) holding the chat template; "
+        "default: tokenizer_config.json beside path")
+    block_size: int = Field(default=16, ge=1, description="tokens per key: the engines' KV block size "
+                            "(vLLM GPU 16, vLLM CPU 128, SGLang page size)")
+    offload_chars: int = Field(default=2048, ge=0, description="prompts longer than this are tokenized "
+                               "in a worker thread so the event loop is not held")
+    timeout_s: float = Field(default=2.0, gt=0, description="engine /tokenize timeout (then character keys)")
+
+
+class KVEventSourceConfig(_Strict):
+    """Where one instance publishes its KV events.
+
+    ``endpoint`` set: the router's SUB connects there (the engine's publisher binds, e.g.
+    vLLM ``tcp://*:5557``; a ``*`` host is replaced by the instance's host). ``endpoint``
+    unset: the engine's publisher connects to the router's ``kv_events.bind`` socket and
+    ``topic`` tells its events apart from the other engines'."""
+
+    endpoint: ZmqEndpoint | None = None
+    topic: str = ""
+    replay_endpoint: ZmqEndpoint | None = Field(default=None, description="the publisher's replay (ROUTER) socket")
+    model: str | None = Field(default=None, description="model whose key chain the events extend "
+                              "(default: the instance's model, else its /v1/models)")
+    dp_rank: int = Field(default=0, ge=0)
+
+
+class KVEventsConfig(_Strict):
+    """Precise residency: what each engine holds, read from its KV events.
+
+    An instance whose events are missing, out of sequence or not yet synchronised is
+    routed on the router's own routing history (approximate) until it is synchronised."""
+
+    enabled: bool = False
+    discover: bool = Field(default=True, description="ask instances without a source for GET /kv_event_sources")
+    discover_interval_s: float = Field(default=10.0, gt=0, description="retry discovery this often until it answers")
+    sources: dict[str, KVEventSourceConfig] = Field(default_factory=dict, description="instance id -> source")
+    bind: ZmqEndpoint | None = Field(default=None, description="a SUB the engines' publishers connect to, e.g. tcp://*:5557")
+    cpu_weight: float = Field(default=0.8, ge=0, le=1, description="a block held only in CPU (offload) "
+                              "memory counts as this fraction of a GPU block")
+    max_blocks_per_instance: int = Field(default=1_000_000, ge=16, description="engine blocks tracked per "
+                                         "instance; beyond it the oldest stored are forgotten")
+    speculative_s: float = Field(default=2.0, ge=0, description="a routed prefix counts on its instance for this "
+                                 "long before the engine's events confirm it")
+    hwm: int = Field(default=100_000, ge=1, description="ZMQ receive high-water mark (messages); beyond it the "
+                     "socket drops, which shows as a sequence gap")
+    replay_timeout_s: float = Field(default=2.0, gt=0)
+    max_pending_batches: int = Field(default=10_000, ge=1, description="live batches held while a replay runs")

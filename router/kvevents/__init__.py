@@ -1,0 +1,36 @@
+"""Precise residency from the engines' KV events (vLLM's ZMQ publisher; SGLang's is the same).
+
+``precise_store`` wraps the configured state store so that residency comes from what
+the engines report, and returns the ingestion whose lifecycle the app runs.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from router.config.model import RouterConfig
+from router.core.instances import InstancePool
+from router.kvevents.ingest import KVEventIngest
+from router.kvevents.metrics import KVEventsCollector
+from router.state.base import StateStore
+from router.state.precise import EventResidency
+from router.state.precise_store import PreciseStore
+
+__all__ = ["KVEventIngest", "precise_store"]
+
+
+def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
+                  registry: CollectorRegistry | None = None) -> tuple[StateStore, KVEventIngest | None]:
+    """``store`` with event residency over it, and the ingestion feeding it; unchanged
+    (and None) when ``kv_events.enabled`` is off."""
+    kv = config.kv_events
+    if not kv.enabled:
+        return store, None
+    residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight)
+    caps = {i.id: config.residency_cap(i.config) for i in pool}
+    wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
+                           default_cap=max(caps.values(), default=8192))
+    ingest = KVEventIngest(config, pool, residency)
+    if registry is not None:
+        registry.register(KVEventsCollector(ingest, wrapped))
+    return wrapped, ingest

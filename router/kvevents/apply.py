@@ -1,0 +1,158 @@
+"""Apply decoded events to one engine's table, turning engine blocks into router keys.
+
+A ``BlockStored`` carries the blocks' token ids and the engine hash of the block before
+them, so the router key of each block is the router's own chain (the same function as
+request keys in token mode) seeded with the router key of that parent block, or with
+the model's root seed at the start of a prompt. An engine block of ``b`` tokens holds
+``b / router_block`` router keys; an engine block size the router block does not divide
+cannot meet request keys, so such events are refused (counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import xxhash
+
+from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, decode_event
+from router.request.hashing import root_seed
+from router.state.precise import BlockTable, tier_of
+
+# The token domain byte of router.request.hashing.token_block_keys: the chain below must
+# give the very same keys (tests/kvevents/test_apply.py checks it against that function).
+log = logging.getLogger(__name__)
+
+_TOKEN_DOMAIN = b"i"
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class ApplyCounters:
+    events: int = 0
+    stored_blocks: int = 0
+    removed_blocks: int = 0
+    cleared: int = 0
+    orphans: int = 0  # stored blocks whose parent the table did not know
+    refused: int = 0  # events that cannot map to router keys (block size, bad tokens)
+    unknown_removals: int = 0
+
+
+@dataclass
+class TableWriter:
+    """Writes one engine's events into its table."""
+
+    table: BlockTable
+    model: str
+    router_block: int
+    seed: int = 0
+    counters: ApplyCounters = field(default_factory=ApplyCounters)
+    _roots: dict[str, int] = field(default_factory=dict)
+
+    def root(self, lora_name: str | None) -> int:
+        """The chain's seed: the served model's, or the LoRA adapter's (requests name it as the model)."""
+        name = lora_name or self.model
+        seed = self._roots.get(name)
+        if seed is None:
+            seed = self._roots[name] = root_seed(name, self.seed)
+        return seed
+
+    def apply(self, events: list[Event]) -> None:
+        """Decoded events (see wire.py), in order."""
+        c = self.counters
+        for ev in events:
+            c.events += 1
+            if type(ev) is BlockStored:
+                self._stored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.medium, ev.lora_name)
+            elif type(ev) is BlockRemoved:
+                self._removed(ev.block_hashes, ev.medium)
+            elif type(ev) is AllBlocksCleared:
+                self.table.clear()
+                c.cleared += 1
+
+    def apply_raw(self, raw_events: list[Any]) -> None:
+        """Events as msgpack decoded them: the vLLM 0.32 maps with int hashes are applied
+        straight from the maps (the hot path: no intermediate objects); anything else goes
+        through ``decode_event``, which validates and raises WireError on garbage."""
+        c = self.counters
+        for raw in raw_events:
+            if type(raw) is dict:
+                get = raw.get
+                kind = get("type")
+                try:
+                    if kind == "BlockStored":
+                        hashes, parent, tokens, bs = get("block_hashes"), get("parent_block_hash"), get("token_ids"), get("block_size")
+                        medium, lora = get("medium"), get("lora_name")
+                        if (type(hashes) is list and hashes and min(hashes) >= 0 and max(hashes) <= _MASK64
+                                and type(tokens) is list and type(bs) is int and bs > 0
+                                and (parent is None or (type(parent) is int and 0 <= parent <= _MASK64))
+                                and (medium is None or type(medium) is str) and (lora is None or type(lora) is str)):
+                            c.events += 1
+                            self._stored(hashes, parent, tokens, bs, medium, lora)
+                            continue
+                    elif kind == "BlockRemoved":
+                        hashes, medium = get("block_hashes"), get("medium")
+                        if (type(hashes) is list and hashes and min(hashes) >= 0 and max(hashes) <= _MASK64
+                                and (medium is None or type(medium) is str)):
+                            c.events += 1
+                            self._removed(hashes, medium)
+                            continue
+                except TypeError:  # e.g. bytes hashes: the general path below handles them
+                    pass
+            self.apply([decode_event(raw)])
+
+    def _removed(self, hashes: Sequence[int], medium: str | None) -> None:
+        found = self.table.remove_run(hashes, tier_of(medium))
+        self.counters.removed_blocks += found
+        self.counters.unknown_removals += len(hashes) - found
+
+    def _stored(self, hashes: Sequence[int], parent: int | None, tokens: Sequence[int], bs: int,
+                medium: str | None, lora_name: str | None) -> None:
+        c = self.counters
+        table = self.table
+        rb = self.router_block
+        if bs % rb:
+            if not c.refused:
+                log.warning("kv events of model %s: engine blocks of %d tokens cannot meet router keys of %d "
+                            "(set hashing.tokens.block_size to the engine's block size)", self.model, bs, rb)
+            c.refused += 1
+            return
+        tier = tier_of(medium)
+        n = min(len(hashes), len(tokens) // bs)
+        prev: int | None = self.root(lora_name) if parent is None else table.last_key(parent)
+        try:
+            packed = struct.pack(f"<{n * bs}I", *tokens[: n * bs])
+        except struct.error:
+            c.refused += 1
+            return
+        digest = xxhash.xxh64_intdigest
+        domain = _TOKEN_DOMAIN
+        per, stride = bs // rb, 4 * rb
+        keys: list[tuple[int, ...]] = []
+        if prev is None:  # the parent is unknown: only blocks stored before can be placed
+            known = table.keys_of
+            for j in range(n):
+                ks = known(hashes[j])
+                if ks is None:
+                    c.orphans += n - j
+                    n = j
+                    break
+                keys.append(ks)
+        elif per == 1:  # the usual case: one router key per engine block
+            for j in range(n):
+                prev = digest(domain + packed[j * stride:(j + 1) * stride], seed=prev)
+                keys.append((prev,))
+        else:
+            for j in range(n):
+                base = j * bs * 4
+                group = []
+                for k in range(per):
+                    start = base + k * stride
+                    prev = digest(domain + packed[start:start + stride], seed=prev)
+                    group.append(prev)
+                keys.append(tuple(group))
+        table.store_run(hashes[:n], keys, tier)
+        c.stored_blocks += n
