@@ -204,7 +204,7 @@ class Live:
         for gauge in (self.metrics.healthy, self.metrics.calibration):
             with contextlib.suppress(KeyError, ValueError):  # never set, or labelled otherwise
                 gauge.remove(inst.id)
-        self.service.calibrator.factors.pop(inst.id, None)
+        self.service.calibrator.forget(inst.id)
 
     def _rebuild_policy(self) -> None:
         disaggregated = self.pool.disaggregated
