@@ -30,6 +30,7 @@ class Recorder:
     finish: list[float] = field(init=False)
     prompt: list[int] = field(init=False)
     cached: list[int] = field(init=False)  # prompt tokens the prefilling engine served from its cache
+    predicted: list[int] = field(init=False)  # prompt tokens the router believed cached there
     moved: list[int] = field(init=False)  # KV tokens sent P -> D
     output: list[int] = field(init=False)
     mode: list[str] = field(init=False)
@@ -51,6 +52,7 @@ class Recorder:
         self.finish = [nan] * self.n
         self.prompt = [0] * self.n
         self.cached = [0] * self.n
+        self.predicted = [0] * self.n
         self.moved = [0] * self.n
         self.output = [0] * self.n
         self.mode = [""] * self.n
@@ -60,8 +62,9 @@ class Recorder:
         self.finishes = [0] * self.n
         self.prefill_series = [defaultdict(int) for _ in self.node_ids]
 
-    def routed(self, i: int, arrival: float, prompt: int, output: int, decision: Decision) -> None:
+    def routed(self, i: int, arrival: float, prompt: int, output: int, decision: Decision, predicted: int = 0) -> None:
         self.arrival[i], self.prompt[i], self.output[i] = arrival, prompt, output
+        self.predicted[i] = predicted
         self.mode[i], self.instance[i], self.prefill[i] = decision.mode, decision.instance, decision.prefill
         if decision.estimate_s is not None:
             self.estimate[i] = decision.estimate_s

@@ -7,6 +7,8 @@ Definitions (so tables from different runs compare):
 * TBT: per-token gaps of every decoded token (see record.py), p50/p90/p99.
 * hit_ratio: prompt tokens the prefilling engine served from its prefix cache / prompt
   tokens, over routed requests (the decode side of a handoff does not count).
+* predicted_hit_ratio: the same, with the tokens the router's residency believed cached on
+  the prefilling instance when it decided (its belief, to compare with the engine's).
 * max_mean_load: max / mean of prefill tokens computed per instance, over the prefill
   pool when there is one, else over all instances (1.0 = perfectly even).
 * throughput_tok_s: output tokens of finished requests / (last finish - first arrival).
@@ -77,6 +79,7 @@ def summarize(sim: Simulation, slo_s: float) -> dict[str, object]:
     rejected = set(rec.rejected)
     prompt = sum(rec.prompt[i] for i in routed if i not in rejected)
     cached = sum(rec.cached[i] for i in routed if i not in rejected)
+    predicted = sum(rec.predicted[i] for i in routed if i not in rejected)
     pool = [n for n in sim.nodes if n.candidate.role == "prefill"] or sim.nodes
     computed = {n.id: n.engine.counters.prefill_computed_tokens for n in sim.nodes}
     pool_load = [computed[n.id] for n in pool]
@@ -101,6 +104,7 @@ def summarize(sim: Simulation, slo_s: float) -> dict[str, object]:
         "tbt_p90": _round(hist_percentile(rec.tbt_hist, 90, TBT_BIN_S)),
         "tbt_p99": _round(hist_percentile(rec.tbt_hist, 99, TBT_BIN_S)),
         "hit_ratio": _round(cached / prompt if prompt else math.nan),
+        "predicted_hit_ratio": _round(predicted / prompt if prompt else math.nan),
         "max_mean_load": _round(max(pool_load) / mean_load if mean_load else math.nan),
         "throughput_tok_s": _round(out_tokens / (end - start) if end > start else math.nan),
         "slo_s": slo_s,
