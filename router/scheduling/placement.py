@@ -11,10 +11,13 @@ holders' queues outgrow what the copy costs; otherwise the prefix stays home, an
 scorers choose among its holders.
 
 ``rendezvous`` (picker): highest total, and among the near-ties the instance with the
-highest hash of (first block key, instance id) — highest-random-weight hashing. Every
-router replica computes the same order for the same prefix, so a new tenant's first
-requests land on one home without the replicas sharing anything; requests without a full
-block fall back to a seeded random tie break.
+highest hash of (block key, instance id) — highest-random-weight hashing — where the key
+is the first block none of the tied routes holds: the part of the prompt that still needs
+a home. For a new tenant that is its first distinguishing block (past any system prompt
+every tenant shares, which would otherwise send every tie to one instance), so every
+router replica computes the same home for it without sharing anything; for a prompt the
+tied routes hold alike it is the block after their match. Requests without a full block
+fall back to a seeded random tie break.
 """
 
 from __future__ import annotations
@@ -68,9 +71,9 @@ class CacheRoomFilter:
         return kept, "replicate" if copies else "home"
 
 
-def rendezvous_weight(first_key: int, instance: str) -> int:
-    """Highest-random-weight of ``instance`` for a prefix: the same on every replica."""
-    return xxhash.xxh64_intdigest(instance.encode(), seed=first_key & 0xFFFFFFFFFFFFFFFF)
+def rendezvous_weight(key: int, instance: str) -> int:
+    """Highest-random-weight of ``instance`` for a block key: the same on every replica."""
+    return xxhash.xxh64_intdigest(instance.encode(), seed=key & 0xFFFFFFFFFFFFFFFF)
 
 
 class RendezvousPicker:
@@ -94,8 +97,9 @@ class RendezvousPicker:
         ties = self._ties(totals)
         if not req.keys or len(ties) == 1:
             return (ties[0], ties) if len(ties) == 1 else self.pick(routes, totals)
-        first = req.keys[0]
-        return max(ties, key=lambda i: rendezvous_weight(first, routes[i].prefilling.key)), ties
+        held = max(routes[i].prefilling.matched_blocks for i in ties)
+        key = req.keys[min(held, len(req.keys) - 1)]
+        return max(ties, key=lambda i: rendezvous_weight(key, routes[i].prefilling.key)), ties
 
 
 class CacheRoomParams(Params):
@@ -114,5 +118,5 @@ def cache_room(params: CacheRoomParams, ctx: BuildContext) -> CacheRoomFilter:
 
 @plugin("picker", "rendezvous", RendezvousParams)
 def rendezvous(params: RendezvousParams, ctx: BuildContext) -> RendezvousPicker:
-    """Highest total; near-ties go to the highest rendezvous hash of (first block, instance)."""
+    """Highest total; near-ties go to the highest rendezvous hash of (first unheld block, instance)."""
     return RendezvousPicker(ctx.rng, params.tolerance)

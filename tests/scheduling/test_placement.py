@@ -84,6 +84,20 @@ def test_replicas_agree_on_every_prefix_home_without_sharing_state():
     assert set(homes) == {"a", "b", "c", "d"} and min(homes.values()) > 25
 
 
+def test_a_system_prompt_every_tenant_shares_does_not_send_every_tie_to_one_instance():
+    # every prompt starts with the same 2 blocks, held everywhere; homes follow what comes after
+    p = ttft()
+    held = snap(matched={c.id: 2 for c in CANDS})
+    homes = Counter()
+    for tenant in range(200):
+        keys = (7, 8) + tuple(range(tenant * 1000, tenant * 1000 + 30))
+        r = RouteRequest("r", keys, 2048, 16, 64)
+        first, again = p.choose(r, CANDS, held), p.choose(r, CANDS, held)
+        assert first.instance == again.instance
+        homes[first.instance] += 1
+    assert set(homes) == {"a", "b", "c", "d"} and min(homes.values()) > 25
+
+
 def test_a_home_survives_other_instances_joining_except_for_the_prefixes_they_win():
     # Rendezvous hashing: adding an instance moves only the prefixes whose new top weight is it.
     ids = ["a", "b", "c", "d"]
