@@ -152,3 +152,40 @@ def test_kv_events_bench_replay_part_renders_both_residencies() -> None:
     assert args.parts == ["replay", "live", "ingest", "tokenize"] and not args.write
     text = kv_events_bench.part_replay(args)
     assert text.count("| approximate |") == 2 and text.count("| precise |") == 2
+
+
+def test_matrix_cells_are_drawn_from_the_seed_and_selected_by_pattern() -> None:
+    from loadtests.matrix_cells import Cell, all_cells, draw, select
+
+    assert len(all_cells()) == 36
+    assert {c.name for c in select(["chat/2x"])} == {"chat/2x/defaults", "chat/2x/facts"}
+    assert {c.name for c in select(["b2b_zipf/8x/facts", "longdoc"])} >= {"b2b_zipf/8x/facts", "longdoc/0.5x/facts"}
+    cell = Cell("b2b_zipf", 2.0, "facts")
+    a, b, other = draw(cell, 1, 60), draw(cell, 1, 60), draw(cell, 2, 60)
+    assert a == b and (a.spec != other.spec or a.trace != other.trace)
+    assert a.spec.told and not draw(Cell("b2b_zipf", 2.0, "defaults"), 1, 60).spec.told
+    assert all(r.input_tokens <= len(r.blocks) * 128 for r in a.trace.requests)
+    low, high = draw(Cell("chat", 0.5, "facts"), 1, 80), draw(Cell("chat", 8.0, "facts"), 1, 80)
+    assert low.hot_tokens / (4 * low.spec.cache_tokens) < high.hot_tokens / (4 * high.spec.cache_tokens)
+
+
+def test_matrix_live_prompts_share_the_trace_prefixes() -> None:
+    from loadtests.matrix_live import prompt_text
+    from router.tools.emulator.tokenizer import Tokenizer
+    from router.tools.replay.trace import TraceRequest
+
+    a, b = TraceRequest(0.0, 200, 4, (1, 2)), TraceRequest(0.0, 150, 4, (1, 3))
+    ta, tb = prompt_text(a), prompt_text(b)
+    assert ta[:128 * 4] == tb[:128 * 4] and ta[128 * 4:] != tb[128 * 4:]
+    assert abs(len(Tokenizer().encode(ta, add_bos=False)) - 200) <= 2  # about one token per word
+
+
+def test_quality_matrix_replays_a_cell_and_reports_a_verdict(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import quality_matrix
+
+    assert quality_matrix.main(["--cells", "dispersed/0.5x/facts", "--no-live", "--requests", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "| dispersed/0.5x/facts | replay |" in out and "| dispersed/0.5x/facts | bound |" in out
+    assert quality_matrix.main(["--cells", "nothing", "--no-live"]) == 2
+    assert quality_matrix.verdict(0.5, 0.7, {"a": (1.0, 0.71)}) == "meets target"
+    assert quality_matrix.verdict(0.9, 0.6, {"a": (1.0, 0.7)}) == "misses: p90 0.90x best peer, hit -10 pts"

@@ -208,7 +208,7 @@ class Live:
     async def _retire(self, inst: Instance) -> None:
         await self.store.drop_instance(inst.id)
         self.metrics.forget_engine(inst.id)
-        self.service.calibrator.factors.pop(inst.id, None)
+        self.service.calibrator.forget(inst.id)
 
     def _rebuild_policy(self) -> None:
         disaggregated = self.pool.disaggregated

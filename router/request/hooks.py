@@ -70,9 +70,12 @@ class CalibrationHook(Hook):
             return
         self.metrics.estimate_ratio.labels(mode).observe(actual_s / estimate)
         factor = self.calibrator.observe(instance, estimate, actual_s)
+        changed = self.calibrator.relax()  # factors of instances no traffic re-measures fade toward 1.0
         if factor is not None:
-            self.pool.calibrate(instance, factor)
-            self.metrics.calibration.labels(instance).set(factor)
+            changed[instance] = factor
+        for name, value in changed.items():
+            self.pool.calibrate(name, value)
+            self.metrics.calibration.labels(name).set(value)
 
 
 class MetricsHook(Hook):

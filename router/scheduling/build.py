@@ -12,13 +12,13 @@ from pydantic import ValidationError
 
 from router.config.model import ConfigError, PDConfig, PipelineConfig, PluginRef, PolicyConfig, ProfilesConfig, RouterConfig
 from router.core.instances import InstancePool
-from router.scheduling import baselines, filters, pd, pickers, presets, routes, scorers
+from router.scheduling import baselines, filters, pd, pickers, placement, presets, routes, scorers
 from router.scheduling.framework import Policy
 from router.scheduling.pd import TwoProfilePolicy
 from router.scheduling.pipeline import Pipeline
 from router.scheduling.registry import BuildContext, Kind, PluginError, Registry
 
-_BUILTIN = (routes, filters, scorers, pickers, baselines, pd, presets)
+_BUILTIN = (routes, filters, scorers, pickers, placement, baselines, pd, presets)
 
 # What the pipeline calls on each kind of plugin, checked once when it is built.
 _REQUIRED: dict[Kind, tuple[str, ...]] = {

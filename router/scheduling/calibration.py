@@ -2,19 +2,40 @@
 
 Each observation compares the measured time (first byte seen by the router, or the
 prefill leg's answer) with what the policy predicted, and moves the instance's slowdown
-factor toward actual/estimated by an EWMA. The pool divides the instance's prefill rate
-by that factor, so queue and prefill estimates both track the hardware actually serving.
+factor toward actual/estimated. The pool divides the instance's prefill rate by that
+factor, so queue and prefill estimates both track the hardware actually serving.
+
+Two rules keep the beliefs self-correcting:
+
+* Warm-up: an instance's first ``warmup`` observations are averaged (the n-th with weight
+  1/n), so a default rate that is 2.5x wrong is corrected by the first measurement instead
+  of the EWMA's dozens, and a slow first request is averaged away by the next few.
+* Staleness: a factor is only as good as its last measurement. One that has not been
+  re-measured for ``stale_after_s`` relaxes toward 1.0 (the configured rate) with
+  ``relax_half_life_s``. A factor high enough to keep all traffic away from an instance
+  therefore fades until the instance wins a request again and is measured: exploration
+  bounded by time, at the cost of at most one request per half-life on an instance that
+  really is slow.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
+
 from router.config.model import CalibrationConfig
+
+_SETTLED = 0.01  # a relaxed factor this close to 1.0 is dropped: the prior again
 
 
 class Calibrator:
-    def __init__(self, config: CalibrationConfig) -> None:
+    def __init__(self, config: CalibrationConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
+        self._clock = clock
         self.factors: dict[str, float] = {}
+        self._observed: dict[str, int] = {}  # observations folded in, per instance
+        self._measured_at: dict[str, float] = {}  # when each factor was last measured (or relaxed)
 
     def factor(self, instance: str) -> float:
         return self.factors.get(instance, 1.0)
@@ -24,9 +45,39 @@ class Calibrator:
         if not self._config.enabled or estimated_s <= 0 or actual_s <= 0 or estimated_s < self._config.min_estimate_s:
             return None
         c = self._config
-        ratio = actual_s / estimated_s
-        target = self.factor(instance) * ratio
-        new = (1 - c.alpha) * self.factor(instance) + c.alpha * target
-        new = min(c.max_factor, max(c.min_factor, new))
+        n = self._observed.get(instance, 0) + 1
+        self._observed[instance] = n
+        alpha = max(c.alpha, 1.0 / n) if n <= c.warmup else c.alpha
+        old = self.factor(instance)
+        target = old * actual_s / estimated_s
+        new = min(c.max_factor, max(c.min_factor, (1 - alpha) * old + alpha * target))
         self.factors[instance] = new
+        self._measured_at[instance] = self._clock()
         return new
+
+    def relax(self) -> dict[str, float]:
+        """Move stale factors toward 1.0; returns the instances whose factor changed."""
+        c, now = self._config, self._clock()
+        changed: dict[str, float] = {}
+        for instance, factor in list(self.factors.items()):
+            at = self._measured_at.get(instance, now)
+            idle = now - at - c.stale_after_s
+            if idle <= 0:
+                continue
+            # relax in log space, so a 5x and a 0.2x factor fade alike
+            new = math.exp(math.log(factor) * 0.5 ** (idle / c.relax_half_life_s))
+            if abs(new - 1.0) < _SETTLED:
+                new = 1.0
+                del self.factors[instance]
+                self._measured_at.pop(instance, None)
+            else:
+                self.factors[instance] = new
+                self._measured_at[instance] = now - c.stale_after_s  # stays stale: keeps relaxing from here
+            changed[instance] = new
+        return changed
+
+    def forget(self, instance: str) -> None:
+        """An instance left: its measurements go with it."""
+        self.factors.pop(instance, None)
+        self._observed.pop(instance, None)
+        self._measured_at.pop(instance, None)

@@ -7,7 +7,8 @@
 
 The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
-instance when declared (or calibrated), else the configured default.
+instance when declared (or calibrated), else the configured default. Cached tokens are
+the expected ones: the matched run times the confidence that the engine still holds it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class TTFTTerms:
         return self.queue_s + self.prefill_s + self.interference_s
 
 
-def prefill_seconds(uncached: int, prompt: int, rate: float, weights: TTFTWeights) -> float:
+def prefill_seconds(uncached: float, prompt: int, rate: float, weights: TTFTWeights) -> float:
     cached = prompt - uncached
     attention = weights.attention_s_per_token2 * (prompt * prompt - cached * cached) / 2
     return weights.request_overhead_s + uncached / rate + attention
@@ -41,17 +42,17 @@ def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
     uncached tokens plus their attention cost. Booking work rather than raw tokens lets the
     requests queued behind a 100K-token prompt see how long it will really hold the GPU."""
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
-    cached = view.cached_tokens(req)
+    cached = view.expected_cached_tokens(req)
     attention = weights.attention_s_per_token2 * (req.prompt_tokens**2 - cached**2) / 2
     return round(req.prompt_tokens - cached + attention * rate)
 
 
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
-    uncached = req.prompt_tokens - view.cached_tokens(req)
+    uncached = req.prompt_tokens - view.expected_cached_tokens(req)
     return TTFTTerms(
         queue_s=view.load.prefill_tokens / rate,
         prefill_s=prefill_seconds(uncached, req.prompt_tokens, rate, weights),
         interference_s=weights.decode_interference_s * view.load.requests,
-        uncached_tokens=uncached,
+        uncached_tokens=round(uncached),
     )

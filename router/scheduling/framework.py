@@ -72,6 +72,7 @@ class View(NamedTuple):
     load: Load
     prefill: View | None = None  # the remote prefill instance of a disaggregated route
     cost: RouteCost | None = None  # the route's price, when its generator priced it (pd_pairs)
+    confidence: float = 1.0  # that the engine still holds the matched run (residency.py's LRU model)
 
     @property
     def id(self) -> str:
@@ -90,6 +91,10 @@ class View(NamedTuple):
     def cached_tokens(self, req: RouteRequest) -> int:
         return min(req.prompt_tokens, self.matched_blocks * req.block_tokens)
 
+    def expected_cached_tokens(self, req: RouteRequest) -> float:
+        """Cached tokens weighted by the confidence that the engine still holds them."""
+        return self.cached_tokens(req) * self.confidence
+
 
 def route_key(instance: str, prefill: str | None = None) -> str:
     """Names a route: the answering instance, with its prefill instance when disaggregated."""
@@ -101,8 +106,9 @@ _new_view = tuple.__new__  # NamedTuple's own __new__ costs a Python call per ca
 
 
 def build_views(candidates: Sequence[Candidate], snap: Snapshot) -> list[View]:
-    matched, loads = snap.matched, snap.loads
-    return [_new_view(View, (c, matched.get(c.id, 0), loads.get(c.id, _IDLE), None, None)) for c in candidates]
+    matched, loads, conf = snap.matched, snap.loads, snap.confidence
+    return [_new_view(View, (c, matched.get(c.id, 0), loads.get(c.id, _IDLE), None, None, conf.get(c.id, 1.0)))
+            for c in candidates]
 
 
 class LazyMap(Mapping[str, Any]):

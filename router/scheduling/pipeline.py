@@ -53,6 +53,8 @@ class Pipeline:
             None,
         )  # type: ignore[assignment]
         self._pricers = [s for s, _ in self.scorers if callable(getattr(s, "terms", None))]
+        # A picker that needs the request (rendezvous hashes its first block) offers pick_for.
+        self._pick_for = getattr(picker, "pick_for", None)
 
     def describe(self) -> dict[str, Any]:
         """The plugins, in order, with weights and parameters (when built from a declaration)."""
@@ -89,7 +91,10 @@ class Pipeline:
                 totals = [t + weight * v for t, v in zip(totals, values)]
         if totals is None:
             totals = [0.0] * len(routes)
-        index, ties = self.picker.pick(routes, totals)
+        if self._pick_for is not None:
+            index, ties = self._pick_for(req, routes, totals)
+        else:
+            index, ties = self.picker.pick(routes, totals)
         index, ties, why, mode = self.routes.settle(req, routes, index, ties)
         chosen = routes[index]
         estimate = work = None

@@ -37,15 +37,33 @@ def _independent(ctx: BuildContext, prefill: PipelineConfig, decode: PipelineCon
     return ProfilesConfig(prefill=prefill, decode=decode or _least_loaded())
 
 
+def _pd_ttft(ctx: BuildContext) -> PipelineConfig:
+    w = ctx.policy.ttft
+    # For routes, tie_tolerance has always meant "cost within (1 + tol) of the best",
+    # i.e. a score (best / cost) of at least 1 / (1 + tol).
+    return PipelineConfig(routes=_ref("pd_pairs"), scorers=[_scorer("pd_ttft")],
+                          picker=_ref("max_score", tolerance=w.tie_tolerance / (1 + w.tie_tolerance)))
+
+
 @plugin("preset", "ttft")
 def ttft(params: NoParams, ctx: BuildContext) -> PolicySpec:
-    """Lowest estimated TTFT after a bounded-load filter; with a prefill pool, over (P, D) routes priced in full."""
+    """Lowest estimated TTFT after bounded-load and cache-room filters, near-ties to the prefix's rendezvous home; with a prefill pool, over (P, D) routes priced in full."""
     w = ctx.policy.ttft
     if ctx.pd is not None:
-        # For routes, tie_tolerance has always meant "cost within (1 + tol) of the best",
-        # i.e. a score (best / cost) of at least 1 / (1 + tol).
-        return PipelineConfig(routes=_ref("pd_pairs"), scorers=[_scorer("pd_ttft")],
-                              picker=_ref("max_score", tolerance=w.tie_tolerance / (1 + w.tie_tolerance)))
+        return _pd_ttft(ctx)
+    return PipelineConfig(
+        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack), _ref("cache_room")],
+        scorers=[_scorer("ttft")],
+        picker=_ref("rendezvous", tolerance=w.tie_tolerance),
+    )
+
+
+@plugin("preset", "ttft_spread")
+def ttft_spread(params: NoParams, ctx: BuildContext) -> PolicySpec:
+    """ttft before cache-room placement: lowest estimated TTFT after a bounded-load filter, random near-ties (for comparison)."""
+    w = ctx.policy.ttft
+    if ctx.pd is not None:
+        return _pd_ttft(ctx)
     return PipelineConfig(
         filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack)],
         scorers=[_scorer("ttft")],

@@ -95,13 +95,12 @@ class TTFTScorer:
         prompt, block = req.prompt_tokens, req.block_tokens
         full = attention * prompt * prompt / 2
         out = []
-        for cand, matched, load, prefill, _ in routes:
+        for cand, matched, load, prefill, _, conf in routes:
             if prefill is not None:
-                cand, matched, load = prefill[0], prefill[1], prefill[2]
+                cand, matched, load, conf = prefill[0], prefill[1], prefill[2], prefill[5]
             rate = cand.prefill_tokens_per_s or default_rate
-            cached = matched * block
-            if cached > prompt:
-                cached = prompt
+            held = matched * block
+            cached = (prompt if held > prompt else held) * conf
             out.append(
                 (load.prefill_tokens + prompt - cached) / rate
                 + overhead

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -33,6 +33,9 @@ class Snapshot:
 
     matched: dict[str, int]
     loads: dict[str, Load]
+    # instance -> confidence (0..1) that the engine still holds its matched run (the LRU
+    # position model of residency.py); an instance absent here is taken at 1.0
+    confidence: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

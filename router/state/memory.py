@@ -44,7 +44,7 @@ class MemoryStore(StateStore):
         matched = self._residency.matched(keys, instances, self._clock())
         loads = self._loads
         loads = {i: loads.get(i, _IDLE) for i in instances}
-        return Snapshot(matched, loads)
+        return Snapshot(matched, loads, self._residency.confidences(keys, matched))
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         return self.snapshot_now(keys, instances)

@@ -1,9 +1,20 @@
-"""In-process residency index: block key -> instances holding it, with per-instance LRU.
+"""In-process residency index: block key -> instances holding it, with per-instance LRU,
+and a confidence for each instance's match.
 
-Bounded: each instance keeps at most ``cap`` keys (its cache capacity in blocks) and
-entries expire after ``ttl_s``. Keys of one prefix are touched tail first, so when LRU
-evicts it drops the deepest blocks of a prefix before its head, as engines do, and
-"leading blocks held" stays a contiguous run.
+Bounded: each instance keeps at most ``cap`` keys (its cache capacity in blocks: the
+engine's capacity in tokens over the router's block size) and entries expire after
+``ttl_s``. Keys of one prefix are touched tail first, so when LRU evicts it drops the
+deepest blocks of a prefix before its head, as engines do, and "leading blocks held"
+stays a contiguous run.
+
+Confidence (the LRU position model): the router sees only part of what fills an
+engine's cache (decode tokens, other routers, its own token estimate is approximate),
+so an entry near the old end of the LRU may already be gone on the engine even though
+the router still lists it. Each touch gets a stamp from the instance's counter; the
+entry's position is estimated from its stamp between the oldest and newest resident
+stamps, and its confidence is 1 while it sits in the newest ``1 - margin`` of the
+capacity, falling linearly to 0 at the capacity. Traffic pushing through an instance
+lowers the confidence of everything older, not only the TTL.
 """
 
 from __future__ import annotations
@@ -13,19 +24,28 @@ from collections.abc import Iterable, Sequence
 
 
 class ResidencyIndex:
-    def __init__(self, ttl_s: float) -> None:
+    def __init__(self, ttl_s: float, margin: float = 0.25) -> None:
+        if not 0 < margin <= 1:
+            raise ValueError("confidence margin must be in (0, 1]")
         self._ttl_s = ttl_s
+        self._margin = margin
         self._holders: dict[int, dict[str, float]] = {}  # key -> {instance: expiry}
-        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._lru: dict[str, OrderedDict[int, int]] = {}  # instance -> {key: stamp}, oldest first
+        self._stamp: dict[str, int] = {}  # instance -> stamps handed out
+        self._cap: dict[str, int] = {}  # instance -> the capacity it was last recorded with
 
     def record(self, instance: str, keys: Sequence[int], cap: int, now: float) -> None:
         """``instance`` now holds ``keys`` (a whole prefix); evict beyond ``cap``."""
         lru = self._lru.setdefault(instance, OrderedDict())
+        self._cap[instance] = cap
+        stamp = self._stamp.get(instance, 0)
         expiry = now + self._ttl_s
         for key in reversed(keys):
             self._holders.setdefault(key, {})[instance] = expiry
-            lru[key] = None
+            stamp += 1
+            lru[key] = stamp
             lru.move_to_end(key)
+        self._stamp[instance] = stamp
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop(old, instance)
@@ -70,9 +90,39 @@ class ResidencyIndex:
         """Instances whose entry for ``key`` has not expired."""
         return [inst for inst, expiry in self._holders.get(key, {}).items() if expiry > now]
 
+    def confidence(self, instance: str, key: int) -> float:
+        """How likely the engine still holds ``key`` given the traffic recorded since
+        (1.0 for a fresh entry, 0.0 for one not held). O(1)."""
+        lru = self._lru.get(instance)
+        if lru is None:
+            return 0.0
+        stamp = lru.get(key)
+        if stamp is None:
+            return 0.0
+        cap = self._cap.get(instance, len(lru))
+        newest = self._stamp[instance]
+        oldest = lru[next(iter(lru))]
+        # Resident stamps spread over [oldest, newest]: the entry's distance from the newest
+        # end, as a share of that span, times the resident count, is its LRU position.
+        span = newest - oldest + 1
+        position = len(lru) * (newest - stamp) / span
+        free = 1.0 - position / max(1, cap)  # share of the capacity still ahead of eviction
+        return max(0.0, min(1.0, free / self._margin))
+
+    def confidences(self, keys: Sequence[int], matched: dict[str, int]) -> dict[str, float]:
+        """Per instance, the confidence of the deepest block it matches (evicted first)."""
+        return {inst: self.confidence(inst, keys[depth - 1]) for inst, depth in matched.items() if depth}
+
+    def fill(self, instance: str) -> float:
+        """Share of the instance's capacity the router believes occupied."""
+        lru = self._lru.get(instance)
+        return 0.0 if not lru else len(lru) / max(1, self._cap.get(instance, len(lru)))
+
     def forget(self, instance: str) -> None:
         for key in self._lru.pop(instance, ()):
             self._drop(key, instance)
+        self._stamp.pop(instance, None)
+        self._cap.pop(instance, None)
 
     def _drop(self, key: int, instance: str) -> None:
         holders = self._holders.get(key)

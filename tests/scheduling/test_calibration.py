@@ -30,3 +30,81 @@ def test_pool_applies_factor_to_prefill_rate():
     pool = InstancePool(RouterConfig(instances=[{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 10000}]))
     pool.calibrate("a", 2.0)
     assert pool.get("a").candidate.prefill_tokens_per_s == 5000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_warmup_corrects_a_wrong_default_within_a_few_requests():
+    # The engine is 2.5x slower than the default rate says; the estimate tracks the factor.
+    warm = Calibrator(CalibrationConfig(alpha=0.2, warmup=8, min_estimate_s=0.0))
+    cold = Calibrator(CalibrationConfig(alpha=0.2, warmup=0, min_estimate_s=0.0))
+    for cal in (warm, cold):
+        for _ in range(3):
+            cal.observe("a", estimated_s=cal.factor("a"), actual_s=2.5)
+    assert abs(warm.factor("a") - 2.5) < 1e-9
+    assert abs(cold.factor("a") - 2.5) / 2.5 > 0.25  # the bare EWMA is still far off
+
+
+def test_a_slow_first_request_is_averaged_away_by_the_next_ones():
+    cal = Calibrator(CalibrationConfig(warmup=8, min_estimate_s=0.0))
+    assert cal.observe("a", estimated_s=1.0, actual_s=4.0) == 4.0
+    for _ in range(3):  # the engine really is as fast as declared
+        cal.observe("a", estimated_s=cal.factor("a"), actual_s=1.0)
+    assert abs(cal.factor("a") - 1.75) < 1e-9  # mean of the ratios 4, 1, 1, 1
+
+
+def test_a_stale_factor_relaxes_toward_the_prior_and_a_fresh_one_does_not():
+    clock = Clock()
+    cal = Calibrator(CalibrationConfig(min_estimate_s=0.0, stale_after_s=10, relax_half_life_s=10), clock)
+    cal.observe("slow", 1.0, 4.0)  # e.g. a slow first request
+    assert cal.factor("slow") == 4.0
+    clock.t = 5.0
+    assert cal.relax() == {}  # measured 5 s ago: still trusted
+    clock.t = 20.0
+    first = cal.relax()["slow"]
+    assert 1.0 < first < 4.0 and abs(first - 2.0) < 0.01  # 10 s past stale = one half-life (in log space)
+    clock.t = 200.0
+    assert cal.relax() == {"slow": 1.0} and cal.factor("slow") == 1.0 and "slow" not in cal.factors
+
+
+def test_relaxation_un_starves_an_instance_a_stale_factor_kept_away():
+    # b's factor says it is 5x slow, so ttft sends nothing there and nothing re-measures it.
+    # Traffic elsewhere keeps calibrating; once b's factor is stale it fades until b wins
+    # requests again (where the next measurement would correct it for real).
+    import random
+
+    from router.config.model import PolicyConfig
+    from router.scheduling import RouteRequest, build_policy
+    from router.state.base import Load, Snapshot
+
+    clock = Clock()
+    config = RouterConfig(instances=[{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 8000},
+                                     {"url": "http://b:1", "name": "b", "prefill_tokens_per_s": 8000}])
+    pool = InstancePool(config)
+    cal = Calibrator(CalibrationConfig(min_estimate_s=0.0, stale_after_s=10, relax_half_life_s=10), clock)
+    cal.observe("b", 1.0, 5.0)
+    pool.calibrate("b", cal.factor("b"))
+    policy = build_policy(PolicyConfig(name="ttft"), rng=random.Random(1))
+    req = RouteRequest("r", (), 4000, 16, 64)
+    busy = Snapshot({"a": 0, "b": 0}, {"a": Load(1, 4000), "b": Load()})  # a has one request queued
+
+    def choice() -> str:
+        return policy.choose(req, [i.candidate for i in pool], busy).instance
+
+    assert choice() == "a"
+    chosen_b_at = None
+    for second in range(1, 120):
+        clock.t = float(second)
+        cal.observe("a", 1.0, 1.0)  # a's traffic keeps it measured, and runs the relaxation
+        for name, factor in cal.relax().items():
+            pool.calibrate(name, factor)
+        if choice() == "b":
+            chosen_b_at = second
+            break
+    assert chosen_b_at is not None and chosen_b_at < 60

@@ -38,10 +38,18 @@ def test_ttft_leaves_cached_instance_when_its_queue_costs_more_than_the_saving()
     assert d.instance != "b"
 
 
-def test_ttft_ties_are_broken_at_random_not_by_order():
+def test_ttft_ties_go_to_the_prefix_home_not_to_list_order():
+    # Among equals, each prefix has one rendezvous home (the same on every call), and
+    # different prefixes' homes spread over the instances instead of herding on the first.
     p = policy("ttft")
-    picks = Counter(p.choose(req(), CANDS, snap()).instance for _ in range(300))
-    assert set(picks) == {"a", "b", "c"} and min(picks.values()) > 60
+    homes = Counter()
+    for tenant in range(300):
+        keys = tuple(range(tenant * 100, tenant * 100 + 8))
+        r = RouteRequest("r", keys, 2048, 64, 64)
+        picks = {p.choose(r, CANDS, snap()).instance for _ in range(3)}
+        assert len(picks) == 1
+        homes[picks.pop()] += 1
+    assert set(homes) == {"a", "b", "c"} and min(homes.values()) > 60
 
 
 def test_bounded_load_skips_an_instance_far_above_its_share():

@@ -18,10 +18,12 @@ from router.scheduling.presets import PRESET_NAMES
 from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.precise import RESIDENCIES
+from router.tools.replay import capacity
+from router.tools.replay.bound import add_gap_closed, bound_summary
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
 from router.tools.replay.source import load_trace
-from router.tools.replay.trace import TraceError
+from router.tools.replay.trace import Trace, TraceError
 
 
 class Progress:
@@ -69,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the router's residency comes from: its routing history (approximate) or the "
                         "simulated engines' KV events, i.e. their actual cache contents (precise)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-bound", action="store_true", help="leave out the bound row (each request alone, everything earlier cached) and gap_closed")
+    p.add_argument("--sweep", default=None, metavar="X,Y,...",
+                   help="capacity sweep: replay every policy at each of these --rate-scale values and report the highest"
+                        " each sustains with p90 TTFT <= --ttft-slo (writes capacity.json / capacity.md)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
         mixed = args.mixed if args.mixed is not None else (0 if args.prefill or args.decode else 8)
         spec = ClusterSpec(args.prefill, args.decode, mixed, args.profile, args.cache_tokens, args.link_gbps,
                            router_cache_tokens=args.router_cache_tokens)
-        trace = load_trace(args.trace, args.seed).limited(args.limit).scaled(args.rate_scale)
+        base = load_trace(args.trace, args.seed).limited(args.limit)
+        trace = base.scaled(args.rate_scale)
+        scales = [float(x) for x in args.sweep.split(",")] if args.sweep else []
+        if any(x <= 0 for x in scales):
+            raise ValueError("--sweep scales must be > 0")
     except TraceError as exc:
         hint = "" if Path(args.trace).exists() or args.trace.startswith("synthetic:") else \
             " (trace files are not in the repository; see ../shared/traces/README.md for where they come from)"
@@ -95,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     policies = list(dict.fromkeys(args.policy or DEFAULT_POLICIES))
+    if scales:
+        return _sweep(args, base, spec, policies, scales)
     print(f"replaying {len(trace.requests)} requests of {trace.name} ({trace.requests[-1].arrival_s:.0f} s after"
           f" --rate-scale {args.rate_scale:g}) on {spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile},"
           f" {args.residency} residency",
@@ -108,8 +120,32 @@ def run(args: argparse.Namespace) -> int:
         outcomes.append(outcome)
     out = Path(args.out)
     summaries = [o.summary for o in outcomes]
+    if not args.no_bound:
+        bound = bound_summary(trace, spec, args.ttft_slo)
+        best = add_gap_closed(summaries, bound)
+        summaries.append(bound)
+        if best is not None:
+            print(f"gap_closed is measured from the best baseline by p90 TTFT: {best}", file=sys.stderr)
     written = write(out, summaries, [o.curves for o in outcomes])
     (out / "timing.json").write_text(json.dumps({o.summary["policy"]: round(o.wall_s, 2) for o in outcomes}, indent=2) + "\n")
     print(markdown(summaries))
     print("wrote " + ", ".join(str(p) for p in [*written, out / "timing.json"]), file=sys.stderr)
+    return 0
+
+
+def _sweep(args: argparse.Namespace, base: Trace, spec: ClusterSpec, policies: list[str], scales: list[float]) -> int:
+    def one(name: str, scale: float) -> dict[str, object]:
+        outcome = replay(base.scaled(scale), spec, name, seed=args.seed, ttft_slo_s=args.ttft_slo)
+        print(f"{name} x{scale:g}: p90 {outcome.summary['ttft_p90']} s ({outcome.wall_s:.1f} s wall)", file=sys.stderr)
+        return outcome.summary
+
+    result = capacity.sweep(policies, scales, args.ttft_slo, one)
+    result["trace"], result["cluster"] = base.name, f"{spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = capacity.markdown(result)
+    (out / "capacity.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (out / "capacity.md").write_text(f"# Capacity of {base.name} on {result['cluster']}\n\n{text}")
+    print(text)
+    print(f"wrote {out / 'capacity.json'}, {out / 'capacity.md'}", file=sys.stderr)
     return 0

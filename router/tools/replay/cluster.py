@@ -1,7 +1,8 @@
 """The emulated cluster of a replay: engines built exactly as the HTTP emulator builds
 them, and the ``Candidate`` facts the router would be configured with for each.
 
-What the router is told is configuration, not tuning: each candidate's cache size is its
+What the router is told is configuration, not tuning (and with ``told=False`` nothing:
+the candidates carry the router's defaults, as for a user who wrote only URLs): each candidate's cache size is its
 engine's, its prefill rate and the TTFT model's attention and step terms are fitted to the
 profile (``router.tools.localrun.profile_timing``, as for live emulated runs), its KV bytes per
 token the model's, and the PD link the replay's. All instances share one zone, so every P -> D transfer uses ``link_gbps``.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from router.config.model import LinkConfig, PDConfig
 from router.tools.emulator.build import engine_config
-from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.config import EmulatorConfig, FaultConfig
 from router.tools.emulator.engine import Engine
 from router.tools.emulator.perf import PerfProfile, get_profile
 from router.tools.localrun import profile_timing
@@ -33,12 +34,16 @@ class ClusterSpec:
     transfer_latency_s: float = 0.0005  # fixed cost per transfer (the emulator's default)
     max_num_seqs: int = 256
     router_cache_tokens: int | None = None  # the cache size the router is told; None = the engines' real one
+    slowdown: float = 1.0  # every engine step takes this many times the profile's time (the emulator's fault)
+    told: bool = True  # the router is told each engine's cache size and rates; False = its defaults
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
             raise ValueError("instance counts must be >= 0")
         if self.decode + self.mixed == 0:
             raise ValueError("need at least one decode or mixed instance to answer requests")
+        if self.slowdown <= 0:
+            raise ValueError("slowdown must be > 0")
 
     @property
     def disaggregated(self) -> bool:
@@ -46,7 +51,8 @@ class ClusterSpec:
         return self.prefill > 0
 
     def emulator_config(self) -> EmulatorConfig:
-        return EmulatorConfig(profile=self.profile, cache_tokens=self.cache_tokens, max_num_seqs=self.max_num_seqs)
+        return EmulatorConfig(profile=self.profile, cache_tokens=self.cache_tokens, max_num_seqs=self.max_num_seqs,
+                              faults=FaultConfig(slowdown=self.slowdown))
 
     def perf(self) -> PerfProfile:
         return get_profile(self.profile)
@@ -55,15 +61,18 @@ class ClusterSpec:
         return self.link_gbps if self.link_gbps is not None else self.perf().link_gbps
 
     def ttft_weights(self) -> dict[str, float]:
-        """The router's colocated TTFT model fitted to the profile (as for live emulated runs)."""
-        t = profile_timing(self.perf(), 1.0)
+        """The router's colocated TTFT model fitted to the profile (as for live emulated runs);
+        empty (the config's defaults) when the router is not told the engines' facts."""
+        if not self.told:
+            return {}
+        t = profile_timing(self.perf(), self.slowdown)
         return {"prefill_tokens_per_s": t["prefill_tokens_per_s"], "attention_s_per_token2": t["attention_s_per_token2"],
                 "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"]}
 
     def pd_config(self) -> PDConfig:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
         link = self.link()
-        t = profile_timing(self.perf(), 1.0)
+        t = profile_timing(self.perf(), self.slowdown)
         return PDConfig(
             kv_bytes_per_token=self.perf().kv_bytes_per_token,
             links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=link,
@@ -96,15 +105,17 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
     emu = spec.emulator_config()
     emu.validate()
     config = engine_config(emu, profile)
-    rate = profile_timing(profile, 1.0)["prefill_tokens_per_s"]  # linear part; attention is its own term
+    rate = profile_timing(profile, spec.slowdown)["prefill_tokens_per_s"]  # linear part; attention is its own term
+    defaults = None if spec.told else Candidate("defaults")  # what a router told nothing assumes
     compat = (emu.served_model, "auto", config.block_size, emu.flavor)
     nodes: list[Node] = []
     for role, prefix, count in (("prefill", "p", spec.prefill), ("decode", "d", spec.decode), ("mixed", "m", spec.mixed)):
         for i in range(count):
             candidate = Candidate(
                 id=f"{prefix}{i}",
-                cache_tokens=spec.router_cache_tokens or config.num_blocks * config.block_size,
-                prefill_tokens_per_s=rate,
+                cache_tokens=spec.router_cache_tokens or (
+                    config.num_blocks * config.block_size if defaults is None else defaults.cache_tokens),
+                prefill_tokens_per_s=rate if defaults is None else None,
                 role=role,
                 compat=compat,
                 zone=ZONE,

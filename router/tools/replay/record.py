@@ -62,8 +62,9 @@ class Recorder:
         self.finishes = [0] * self.n
         self.prefill_series = [defaultdict(int) for _ in self.node_ids]
 
-    def routed(self, i: int, arrival: float, prompt: int, output: int, decision: Decision) -> None:
+    def routed(self, i: int, arrival: float, prompt: int, output: int, decision: Decision, predicted: int = 0) -> None:
         self.arrival[i], self.prompt[i], self.output[i] = arrival, prompt, output
+        self.predicted[i] = predicted
         self.mode[i], self.instance[i], self.prefill[i] = decision.mode, decision.instance, decision.prefill
         if decision.estimate_s is not None:
             self.estimate[i] = decision.estimate_s

@@ -22,6 +22,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("tbt_p90", "TBT p90 ms", "ms"),
     ("hit_ratio", "hit ratio", "{:.3f}"),
     ("predicted_hit_ratio", "predicted hit", "{:.3f}"),
+    ("gap_closed", "gap closed", "{:.2f}"),
     ("max_mean_load", "max/mean load", "{:.2f}"),
     ("throughput_tok_s", "out tok/s", "{:.0f}"),
     ("slo_attainment", "TTFT<=SLO", "{:.3f}"),
@@ -40,7 +41,7 @@ def markdown(summaries: Sequence[dict[str, object]]) -> str:
     lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " | modes |",
              "|" + "---|" * (len(COLUMNS) + 1)]
     for s in summaries:
-        modes = ", ".join(f"{k} {v}" for k, v in s["decisions_by_mode"].items())  # type: ignore[attr-defined]
+        modes = ", ".join(f"{k} {v}" for k, v in s.get("decisions_by_mode", {}).items())  # type: ignore[attr-defined]
         lines.append("| " + " | ".join(_cell(s.get(key), fmt) for key, _, fmt in COLUMNS) + f" | {modes} |")
     return "\n".join(lines) + "\n"
 

@@ -182,9 +182,8 @@ class Simulation:
         d = routed.decision
         answer = self._by_id[d.instance]
         prefill = self._by_id[d.prefill] if d.prefill is not None else None
-        self.record.routed(i, self.now, tr.input_tokens, tr.output_tokens, d)
-        held = routed.snapshot.matched.get(d.prefill or d.instance, 0) * req.block_tokens
-        self.record.predicted[i] = min(tr.input_tokens, held)
+        believed = routed.snapshot.matched.get(d.prefill or d.instance, 0) * req.block_tokens
+        self.record.routed(i, self.now, tr.input_tokens, tr.output_tokens, d, min(tr.input_tokens, believed))
         if not answer.engine.can_ever_fit(tr.input_tokens, tr.output_tokens) or (
             prefill is not None and not prefill.engine.can_ever_fit(tr.input_tokens, 1)
         ):

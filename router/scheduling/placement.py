@@ -1,0 +1,122 @@
+"""Placement that prices cache room: keep a prefix at its home, copy it only when the copy
+pays for what it displaces, and agree on the home without talking.
+
+``cache_room`` (filter): a route that would prefill a prefix some other instance already
+holds makes a second copy of it, and in a full cache that copy evicts as many tokens of
+other prefixes, which someone will miss later. That future cost is priced as the time to
+prefill the duplicated tokens again on that instance (``displacement`` x tokens / rate;
+caches are taken as full, as they are in steady state). A non-holder is kept only when its
+estimated TTFT plus that cost still beats the best holder: hot-spot replication, when the
+holders' queues outgrow what the copy costs; otherwise the prefix stays home, and the
+scorers choose among its holders.
+
+``rendezvous`` (picker): highest total, and among the near-ties the instance with the
+highest hash of (block key, instance id) — highest-random-weight hashing — where the key
+is the first block none of the tied routes holds: the part of the prompt that still needs
+a home. For a new tenant that is its first distinguishing block (past any system prompt
+every tenant shares, which would otherwise send every tie to one instance), so every
+router replica computes the same home for it without sharing anything; for a prompt the
+tied routes hold alike it is the block after their match. Requests without a full block
+fall back to a seeded random tie break.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import xxhash
+from pydantic import Field
+
+from router.config.model import TTFTWeights
+from router.scheduling.framework import RouteRequest, View
+from router.scheduling.registry import BuildContext, Params, plugin
+from router.scheduling.scorers import TTFTScorer
+
+
+class CacheRoomFilter:
+    name = "cache_room"
+
+    def __init__(self, weights: TTFTWeights, displacement: float) -> None:
+        self._ttft = TTFTScorer(weights)
+        self._default_rate = weights.prefill_tokens_per_s
+        self._displacement = displacement
+
+    def displacement_s(self, req: RouteRequest, route: View, held: float) -> float:
+        """Future misses a copy on ``route`` causes: the tokens it duplicates (``held``
+        by the best holder, minus what this route already has), re-prefilled later."""
+        p = route.prefilling
+        duplicated = max(0.0, held - p.expected_cached_tokens(req))
+        rate = p.candidate.prefill_tokens_per_s or self._default_rate
+        return self._displacement * duplicated / rate
+
+    def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
+        cached = [r.prefilling.expected_cached_tokens(req) for r in routes]
+        held = max(cached, default=0.0)
+        if held < req.block_tokens:
+            return list(routes), None  # nobody holds this prefix: nothing to protect
+        estimates = self._ttft.estimates(req, routes)
+        floor = held - req.block_tokens  # a block short of the deepest still counts as a holder
+        home = min(e for e, c in zip(estimates, cached) if c >= floor)
+        kept: list[View] = []
+        copies = 0
+        for r, e, c in zip(routes, estimates, cached):
+            if c >= floor:
+                kept.append(r)
+            elif e + self.displacement_s(req, r, held) < home:
+                kept.append(r)
+                copies += 1
+        if len(kept) == len(routes):
+            return kept, None
+        return kept, "replicate" if copies else "home"
+
+
+def rendezvous_weight(key: int, instance: str) -> int:
+    """Highest-random-weight of ``instance`` for a block key: the same on every replica."""
+    return xxhash.xxh64_intdigest(instance.encode(), seed=key & 0xFFFFFFFFFFFFFFFF)
+
+
+class RendezvousPicker:
+    name = "rendezvous"
+    revisable = True
+
+    def __init__(self, rng: random.Random, tolerance: float) -> None:
+        self._rng = rng
+        self._tolerance = tolerance
+
+    def _ties(self, totals: Sequence[float]) -> list[int]:
+        best = max(totals)
+        floor = best - abs(best) * self._tolerance - 1e-12
+        return [i for i, t in enumerate(totals) if t >= floor]
+
+    def pick(self, routes: Sequence[View], totals: Sequence[float]) -> tuple[int, Sequence[int]]:
+        ties = self._ties(totals)
+        return self._rng.choice(ties), ties
+
+    def pick_for(self, req: RouteRequest, routes: Sequence[View], totals: Sequence[float]) -> tuple[int, Sequence[int]]:
+        ties = self._ties(totals)
+        if not req.keys or len(ties) == 1:
+            return (ties[0], ties) if len(ties) == 1 else self.pick(routes, totals)
+        held = max(routes[i].prefilling.matched_blocks for i in ties)
+        key = req.keys[min(held, len(req.keys) - 1)]
+        return max(ties, key=lambda i: rendezvous_weight(key, routes[i].prefilling.key)), ties
+
+
+class CacheRoomParams(Params):
+    displacement: float = Field(default=1.0, ge=0, description="price of the tokens a copy evicts, as a multiple of re-prefilling them")
+
+
+class RendezvousParams(Params):
+    tolerance: float = Field(default=0.0, ge=0, lt=1, description="totals within this fraction of the best are ties, broken by rendezvous hash")
+
+
+@plugin("filter", "cache_room", CacheRoomParams)
+def cache_room(params: CacheRoomParams, ctx: BuildContext) -> CacheRoomFilter:
+    """Keep a prefix at its holders unless a copy's TTFT gain pays for the cache it displaces."""
+    return CacheRoomFilter(ctx.policy.ttft, params.displacement)
+
+
+@plugin("picker", "rendezvous", RendezvousParams)
+def rendezvous(params: RendezvousParams, ctx: BuildContext) -> RendezvousPicker:
+    """Highest total; near-ties go to the highest rendezvous hash of (first unheld block, instance)."""
+    return RendezvousPicker(ctx.rng, params.tolerance)

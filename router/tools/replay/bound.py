@@ -1,0 +1,103 @@
+"""The replay's lower bound, and how much of the gap to it a policy closes.
+
+``bound``: each request alone on an idle engine, with every block any earlier request
+carried already in its cache (an infinite, shared prefix cache and no queue). Its TTFT is
+the emulator's own step times for the prompt's uncached tail, chunked as the engine
+chunks a lone prefill. No policy can beat it on any request: routing can only add a
+queue, a smaller cache or a transfer. (A PD cluster's TTFT also includes the KV transfer,
+which the bound leaves out, so it stays a bound there too.)
+
+``gap_closed`` = (best baseline - policy) / (best baseline - bound), on p90 TTFT: 1.0 is
+as good as the bound, 0.0 no better than the best baseline, negative worse; none when
+the best baseline is within 1% of the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from router.config.model import HashingConfig
+from router.tools.emulator.build import engine_config
+from router.tools.emulator.kvcache import block_hashes
+from router.tools.emulator.perf import StepShape, attention_pairs, step_time
+from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.prompts import PromptBuilder
+from router.tools.replay.summary import percentile
+from router.tools.replay.trace import Trace
+
+BOUND = "bound"
+# Policies of ours, measured against the rest (the baselines)
+OURS: tuple[str, ...] = ("ttft", "ttft_spread")
+
+
+def bound_ttfts(trace: Trace, spec: ClusterSpec, hashing: HashingConfig | None = None) -> tuple[list[float], int, int]:
+    """Per request, the bound's TTFT; and the cached and prompt tokens it saw in all."""
+    emu = spec.emulator_config()
+    profile = spec.perf()
+    config = engine_config(emu, profile)
+    bs, budget = config.block_size, config.max_batched_tokens
+    prompts = PromptBuilder(trace.block_tokens, hashing or HashingConfig(), emu.served_model)
+    seen: set[int] = set()
+    out: list[float] = []
+    cached_total = prompt_total = 0
+    for tr in trace.requests:
+        tokens = prompts.tokens(tr)
+        hashes = block_hashes(tokens, bs, config.hash_salt)
+        limit = (len(tokens) - 1) // bs  # the last prompt token is always computed, as the engine does
+        hit = 0
+        while hit < limit and hashes[hit] in seen:
+            hit += 1
+        seen.update(hashes)
+        computed = hit * bs
+        cached_total += computed
+        prompt_total += len(tokens)
+        seconds = 0.0
+        while computed < len(tokens):
+            n = min(len(tokens) - computed, budget)
+            seconds += step_time(profile, StepShape(n, attention_pairs(n, computed), computed))
+            computed += n
+        out.append(seconds)
+    return out, cached_total, prompt_total
+
+
+def _r(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 6)
+
+
+def bound_summary(trace: Trace, spec: ClusterSpec, slo_s: float) -> dict[str, object]:
+    """The ``bound`` row, with the keys of a policy's summary that it can fill."""
+    ttft, cached, prompt = bound_ttfts(trace, spec)
+    return {
+        "policy": BOUND,
+        "trace": trace.name,
+        "cluster": f"{spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile}",
+        "requests": len(ttft),
+        "ttft_p50": _r(percentile(ttft, 50)),
+        "ttft_p90": _r(percentile(ttft, 90)),
+        "ttft_p99": _r(percentile(ttft, 99)),
+        "ttft_mean": _r(sum(ttft) / len(ttft) if ttft else math.nan),
+        "hit_ratio": _r(cached / prompt if prompt else math.nan),
+        "slo_s": slo_s,
+        "slo_attainment": _r(sum(1 for t in ttft if t <= slo_s) / len(ttft) if ttft else math.nan),
+        "decisions_by_mode": {},
+    }
+
+
+def gap_closed(policy_p90: float, best_baseline_p90: float, bound_p90: float) -> float:
+    """(best baseline - policy) / (best baseline - bound); NaN when there is no gap worth
+    the name (under 1% of the best baseline: the ratio would only amplify noise)."""
+    gap = best_baseline_p90 - bound_p90
+    return (best_baseline_p90 - policy_p90) / gap if gap > 0.01 * best_baseline_p90 else math.nan
+
+
+def add_gap_closed(summaries: Sequence[dict[str, object]], bound: dict[str, object]) -> str | None:
+    """Set ``gap_closed`` on every policy's summary; returns the best baseline's name."""
+    baselines = [s for s in summaries if s["policy"] not in OURS and s["policy"] != BOUND and s.get("ttft_p90") is not None]
+    if not baselines or bound.get("ttft_p90") is None:
+        return None
+    best = min(baselines, key=lambda s: float(s["ttft_p90"]))  # type: ignore[arg-type]
+    for s in summaries:
+        if s.get("ttft_p90") is not None:
+            s["gap_closed"] = _r(gap_closed(float(s["ttft_p90"]), float(best["ttft_p90"]), float(bound["ttft_p90"])))  # type: ignore[arg-type]
+    return str(best["policy"])

@@ -1,0 +1,118 @@
+"""cache_room keeps a prefix at its home unless a copy pays for the cache it displaces;
+rendezvous gives each prefix one home that every replica agrees on."""
+
+import random
+from collections import Counter
+
+from router.config.model import PolicyConfig, TTFTWeights
+from router.scheduling import Candidate, RouteRequest, build_policy
+from router.scheduling.placement import CacheRoomFilter, rendezvous_weight
+from router.state.base import Load, Snapshot
+
+CANDS = [Candidate(i, prefill_tokens_per_s=8000.0) for i in ("a", "b", "c", "d")]
+W = TTFTWeights(attention_s_per_token2=0.0, request_overhead_s=0.0, decode_interference_s=0.0)
+
+
+def req(first=0, blocks=32, prompt=2048, rid="r"):
+    return RouteRequest(rid, tuple(range(first, first + blocks)), prompt, 16, 64)
+
+
+def snap(matched=None, prefill=None, requests=None):
+    ids = [c.id for c in CANDS]
+    matched, prefill, requests = matched or {}, prefill or {}, requests or {}
+    return Snapshot({i: matched.get(i, 0) for i in ids},
+                    {i: Load(requests.get(i, 0), prefill.get(i, 0)) for i in ids})
+
+
+def ttft(seed=7, **kw):
+    return build_policy(PolicyConfig(name="ttft", ttft=W, **kw), rng=random.Random(seed))
+
+
+def test_the_prefix_stays_home_while_its_queue_costs_less_than_a_copy_displaces():
+    # a holds all 2048 tokens (0.256 s to prefill elsewhere) and has 0.375 s of queue:
+    # spreading would copy it (ttft_spread does), pricing the room keeps it home.
+    s = snap(matched={"a": 32}, prefill={"a": 3000})
+    spread = build_policy(PolicyConfig(name="ttft_spread", ttft=W), rng=random.Random(7))
+    assert spread.choose(req(), CANDS, s).instance != "a"
+    d = ttft().choose(req(), CANDS, s)
+    assert d.instance == "a" and d.reason == "home"
+    assert set(d.filtered) == {"b", "c", "d"} and set(d.filtered.values()) == {"cache_room"}
+
+
+def test_a_hot_prefix_is_replicated_once_its_holders_cannot_keep_up():
+    # 0.75 s of queue at the holder is more than the copy (0.256 s) plus its displacement (0.256 s)
+    d = ttft().choose(req(), CANDS, snap(matched={"a": 32}, prefill={"a": 6000}))
+    assert d.instance != "a" and not d.filtered
+    # between the two: a copy is allowed only where it is cheap (b already holds half)
+    d = ttft().choose(req(), CANDS, snap(matched={"a": 32, "b": 16}, prefill={"a": 3000}))
+    assert d.instance == "b" and d.reason == "replicate" and set(d.filtered) == {"c", "d"}
+
+
+def test_a_new_prefix_is_not_filtered():
+    flt = CacheRoomFilter(W, displacement=1.0)
+    views_snap = snap(prefill={"a": 100})
+    from router.scheduling.framework import build_views
+    views = build_views(CANDS, views_snap)
+    kept, reason = flt.keep(req(), views)
+    assert kept == views and reason is None
+
+
+def test_displacement_zero_is_plain_lowest_ttft():
+    flt = CacheRoomFilter(W, displacement=0.0)
+    from router.scheduling.framework import build_views
+    views = build_views(CANDS, snap(matched={"a": 32}, prefill={"a": 3000}))
+    kept, _ = flt.keep(req(), views)
+    assert {v.id for v in kept} == {"a", "b", "c", "d"}  # every copy beats a's queue once it is free
+
+
+def test_bounded_load_still_holds_over_the_home():
+    # a is the home but already carries far more than its share of requests
+    d = ttft().choose(req(), CANDS, snap(matched={"a": 32}, requests={"a": 9}))
+    assert d.instance != "a" and d.filtered.get("a") == "bounded_load"
+
+
+def test_replicas_agree_on_every_prefix_home_without_sharing_state():
+    # Two router replicas: different RNG seeds, same idle cluster view. Every tenant's
+    # first request goes to the same instance from both, and homes spread over the pool.
+    one, two = ttft(seed=1), ttft(seed=99)
+    homes = Counter()
+    for tenant in range(200):
+        r = req(first=tenant * 1000)
+        a, b = one.choose(r, CANDS, snap()), two.choose(r, CANDS, snap())
+        assert a.instance == b.instance
+        homes[a.instance] += 1
+    assert set(homes) == {"a", "b", "c", "d"} and min(homes.values()) > 25
+
+
+def test_a_system_prompt_every_tenant_shares_does_not_send_every_tie_to_one_instance():
+    # every prompt starts with the same 2 blocks, held everywhere; homes follow what comes after
+    p = ttft()
+    held = snap(matched={c.id: 2 for c in CANDS})
+    homes = Counter()
+    for tenant in range(200):
+        keys = (7, 8) + tuple(range(tenant * 1000, tenant * 1000 + 30))
+        r = RouteRequest("r", keys, 2048, 16, 64)
+        first, again = p.choose(r, CANDS, held), p.choose(r, CANDS, held)
+        assert first.instance == again.instance
+        homes[first.instance] += 1
+    assert set(homes) == {"a", "b", "c", "d"} and min(homes.values()) > 25
+
+
+def test_a_home_survives_other_instances_joining_except_for_the_prefixes_they_win():
+    # Rendezvous hashing: adding an instance moves only the prefixes whose new top weight is it.
+    ids = ["a", "b", "c", "d"]
+    moved = 0
+    for tenant in range(400):
+        key = tenant * 7919
+        before = max(ids, key=lambda i: rendezvous_weight(key, i))
+        after = max(ids + ["e"], key=lambda i: rendezvous_weight(key, i))
+        assert after in (before, "e")
+        moved += after == "e"
+    assert 40 < moved < 130  # about a fifth
+
+
+def test_ties_without_blocks_fall_back_to_random():
+    p = ttft()
+    short = RouteRequest("r", (), 10, 16, 64)
+    picks = Counter(p.choose(short, CANDS, snap()).instance for _ in range(200))
+    assert len(picks) == 4

@@ -1,0 +1,72 @@
+"""The LRU position model: an entry's confidence falls as traffic pushes through its instance."""
+
+import pytest
+
+from router.state.memory import MemoryStore
+from router.state.residency import ResidencyIndex
+
+
+def test_a_fresh_entry_is_certain_and_traffic_through_the_instance_lowers_it():
+    idx = ResidencyIndex(ttl_s=600, margin=0.5)
+    idx.record("a", [1, 2, 3, 4], cap=100, now=0)
+    assert idx.confidence("a", 4) == 1.0
+    previous = 1.0
+    for batch in range(1, 10):  # other tenants' prefixes, 10 blocks each
+        idx.record("a", list(range(1000 * batch, 1000 * batch + 10)), cap=100, now=0)
+        c = idx.confidence("a", 4)
+        assert c <= previous
+        previous = c
+    assert 0.0 < previous < 0.5  # near the old end of a full LRU, still listed
+    assert idx.matched([1, 2, 3, 4], ["a"], now=1) == {"a": 4}  # the belief is kept, only trusted less
+
+
+def test_traffic_through_another_instance_changes_nothing():
+    idx = ResidencyIndex(ttl_s=600, margin=0.5)
+    idx.record("a", [1, 2, 3, 4], cap=100, now=0)
+    for batch in range(1, 10):
+        idx.record("b", list(range(1000 * batch, 1000 * batch + 10)), cap=100, now=0)
+    assert idx.confidence("a", 4) == 1.0
+
+
+def test_touching_a_prefix_again_restores_its_confidence():
+    idx = ResidencyIndex(ttl_s=600, margin=0.5)
+    idx.record("a", [1, 2, 3, 4], cap=40, now=0)
+    idx.record("a", list(range(100, 130)), cap=40, now=0)
+    assert idx.confidence("a", 4) < 1.0
+    idx.record("a", [1, 2, 3, 4], cap=40, now=0)
+    assert idx.confidence("a", 4) == 1.0
+
+
+def test_an_empty_cache_trusts_everything_and_an_evicted_entry_is_zero():
+    idx = ResidencyIndex(ttl_s=600)
+    idx.record("a", [1, 2], cap=1000, now=0)
+    idx.record("a", list(range(10, 20)), cap=1000, now=0)
+    assert idx.confidence("a", 2) == 1.0  # 12 of 1000 blocks in use: far from eviction
+    idx.record("a", list(range(100, 2000)), cap=1000, now=0)
+    assert idx.confidence("a", 2) == 0.0 and idx.confidence("z", 2) == 0.0
+
+
+def test_bad_margin_is_refused():
+    with pytest.raises(ValueError):
+        ResidencyIndex(ttl_s=1, margin=0)
+
+
+async def test_the_snapshot_carries_the_confidence_and_the_ttft_estimate_uses_it():
+    import random
+
+    from router.config.model import PolicyConfig
+    from router.scheduling import Candidate, RouteRequest, build_policy
+    from router.state.base import Booking
+
+    store = MemoryStore({"a": 64, "b": 64}, clock=lambda: 0.0)
+    prefix = list(range(16))
+    store.book(Booking.single("x", "a", 0, 0, prefix))
+    store.book(Booking.single("y", "b", 0, 0, prefix))
+    for n in range(4):  # a's cache churns with other prefixes, b's does not
+        store.book(Booking.single(f"z{n}", "a", 0, 0, list(range(100 * (n + 1), 100 * (n + 1) + 10))))
+    snap = await store.snapshot(prefix, ["a", "b"])
+    assert snap.matched == {"a": 16, "b": 16}
+    assert snap.confidence["b"] == 1.0 and snap.confidence["a"] < 1.0
+    policy = build_policy(PolicyConfig(name="ttft"), rng=random.Random(0))
+    d = policy.choose(RouteRequest("r", tuple(prefix), 1024, 16, 64), [Candidate("a"), Candidate("b")], snap)
+    assert d.instance == "b"  # the same match, more likely still there
