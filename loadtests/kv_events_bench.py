@@ -47,11 +47,12 @@ from loadtests.machine import busy_processes, contention_note, wait_until_quiet
 from loadtests.overhead import zero_backend
 from loadtests.kv_flood import in_process_cost
 from loadtests.report import table, write_section
-from router.tools.emulator.launch import free_port
+from router.tools.process import free_port
 from router.tools.localrun import emulated_cluster, engine_stats, pd_cluster_spec, reset_engines, router_config, router_process
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.run import replay
-from router.tools.replay.trace import load_trace
+from router.tools.replay.source import load_trace
+from router.tools.shared_prefix import SharedPrefix
 from router.tools.workload import SharedPrefixWorkload, drive
 
 SECTION = "Precise residency from KV events"
@@ -156,7 +157,7 @@ def part_live(args: argparse.Namespace) -> str:
             print(f"  live {rows[-1]}", file=sys.stderr)
     head = (f"Live: 3 emulated engines (subprocesses, time scale {args.time_scale}, {args.cache_tokens:,} cache tokens "
             f"each), {args.requests} streaming chat requests, {workload.groups} tenants x {workload.users} users "
-            f"(~{workload.system_chars // 4} shared tokens each), concurrency {args.concurrency}, policy ttft.\n\n")
+            f"(~{workload.system_tokens} shared tokens each), concurrency {args.concurrency}, policy ttft.\n\n")
     return head + table(["residency", "cache size the router is told", "predicted hit (per request)",
                          "measured hit (per request)", "measured hit (tokens)", "TTFT p50 ms", "TTFT p90 ms", "errors"], rows)
 
@@ -297,7 +298,8 @@ def part_tokenize(args: argparse.Namespace) -> str:
     from router.config.precise import TokensConfig
     from router.request.tokenize import FileTokenizer
 
-    words = SharedPrefixWorkload()._text(__import__("random").Random(0), 400_000)
+    # ~400k characters of the workloads' English-like text (one system prompt of the shared-prefix generator)
+    words = SharedPrefix(1, 1, 80_000, 1, 0).texts().systems[0][:400_000]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator([words[:200_000]], trainer=trainers.BpeTrainer(

@@ -33,7 +33,7 @@ class TokensConfig(_Strict):
     applies its own chat template); ``source: file`` tokenizes in the router with the
     ``tokenizers`` package from a local ``tokenizer.json`` (never a hub download)."""
 
-    source: Literal["engine", "file"] = "engine"
+    source: Literal["engine", "file"] = Field(default="engine", description="engine: POST /tokenize on an instance serving the model; file: a local tokenizer.json")
     path: str | None = Field(default=None, description="tokenizer.json, for source: file")
     chat_template_path: str | None = Field(
         default=None, description="tokenizer_config.json (or a .jinja file) holding the chat template; "
@@ -53,12 +53,12 @@ class KVEventSourceConfig(_Strict):
     unset: the engine's publisher connects to the router's ``kv_events.bind`` socket and
     ``topic`` tells its events apart from the other engines'."""
 
-    endpoint: ZmqEndpoint | None = None
-    topic: str = ""
+    endpoint: ZmqEndpoint | None = Field(default=None, description="the publisher's ZMQ endpoint (None: asked from GET /kv_event_sources)")
+    topic: str = Field(default="", description="the ZMQ topic the engine publishes under")
     replay_endpoint: ZmqEndpoint | None = Field(default=None, description="the publisher's replay (ROUTER) socket")
     model: str | None = Field(default=None, description="model whose key chain the events extend "
                               "(default: the instance's model, else its /v1/models)")
-    dp_rank: int = Field(default=0, ge=0)
+    dp_rank: int = Field(default=0, ge=0, description="data-parallel rank whose events this source carries")
 
 
 class KVEventsConfig(_Strict):
@@ -67,7 +67,7 @@ class KVEventsConfig(_Strict):
     An instance whose events are missing, out of sequence or not yet synchronised is
     routed on the router's own routing history (approximate) until it is synchronised."""
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="precise residency from the engines' KV events (needs hashing.mode: tokens)")
     discover: bool = Field(default=True, description="ask instances without a source for GET /kv_event_sources")
     discover_interval_s: float = Field(default=10.0, gt=0, description="retry discovery this often until it answers")
     sources: dict[str, KVEventSourceConfig] = Field(default_factory=dict, description="instance id -> source")
@@ -80,5 +80,5 @@ class KVEventsConfig(_Strict):
                                  "long before the engine's events confirm it")
     hwm: int = Field(default=100_000, ge=1, description="ZMQ receive high-water mark (messages); beyond it the "
                      "socket drops, which shows as a sequence gap")
-    replay_timeout_s: float = Field(default=2.0, gt=0)
+    replay_timeout_s: float = Field(default=2.0, gt=0, description="how long to wait for a replay of missed batches")
     max_pending_batches: int = Field(default=10_000, ge=1, description="live batches held while a replay runs")

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from router.core.errors import InternalError, RouterError
+from router.core.logs import bind_request_id, unbind_request_id
 from router.gateway.errors import RequestIdMiddleware, error_response
 from router.request.request_id import assign_request_id
 
@@ -59,6 +60,7 @@ class RouterApp(FastAPI):
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
+        token = bind_request_id(header[1].decode())  # every log line of this request carries its id
         try:
             try:
                 response = await handler(Request(scope, receive))
@@ -73,3 +75,5 @@ class RouterApp(FastAPI):
                 raise
             failed = InternalError("internal error; the router logged it under this request id")
             await error_response(failed, 0)(scope, receive, send_with_id)
+        finally:
+            unbind_request_id(token)
