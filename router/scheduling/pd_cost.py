@@ -4,7 +4,10 @@
 
 queue and prefill are the colocated terms on P (cost.py). The KV that D lacks
 (prompt - cached on D) crosses the link between P and D: bytes / (link bandwidth shared
-by the transfers already in flight at either end). admission(D) is the wait for KV room
+by the transfers already in flight at either end). Overlap follows the protocol: vLLM
+(NIXL) pulls after the prefill, so the whole transfer adds to TTFT; SGLang streams each
+prefill chunk's KV while the next computes, so only what cannot move during the prefill
+adds, and at least the last chunk's share. admission(D) is the wait for KV room
 on D, step(D) its decode step time, which must also stay under the TBT target.
 """
 
@@ -29,14 +32,25 @@ def transfer_tokens(req: RouteRequest, d: View) -> int:
     return req.prompt_tokens - d.cached_tokens(req)
 
 
-def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig) -> float:
+def flavor(v: View) -> str:
+    """The PD protocol of an instance (its compat tuple's last field); vLLM when unstated."""
+    compat = v.candidate.compat
+    return compat[3] if compat else "vllm"
+
+
+def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_s: float = 0.0) -> float:
+    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P."""
     tokens = transfer_tokens(req, d)
     if tokens <= 0:
         return 0.0
     per_token = p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token
     sharing = 1 + max(p.load.transfers, d.load.transfers)
     bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing
-    return pd.links.setup_s + tokens * per_token / bytes_per_s
+    serial = tokens * per_token / bytes_per_s
+    if flavor(p) == "sglang":
+        last = min(tokens, pd.handoff.overlap_chunk_tokens) * per_token / bytes_per_s
+        serial = max(last, serial - prefill_s)
+    return pd.links.setup_s + serial
 
 
 def decode_step_seconds(d: View, pd: PDConfig, extra_requests: int = 0, extra_kv: int = 0) -> float:
@@ -69,5 +83,5 @@ def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights,
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
     t = colocated_ttft(req, p, weights)
-    return RouteCost(t.queue_s, t.prefill_s, transfer_seconds(req, p, d, pd), admission_seconds(req, d, pd), step,
+    return RouteCost(t.queue_s, t.prefill_s, transfer_seconds(req, p, d, pd, t.prefill_s), admission_seconds(req, d, pd), step,
                      t.uncached_tokens, transfer_tokens(req, d))
