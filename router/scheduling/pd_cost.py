@@ -38,15 +38,39 @@ def flavor(v: View) -> str:
     return compat[3] if compat else "vllm"
 
 
-def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_s: float = 0.0) -> float:
-    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P."""
+def transfer_bytes(req: RouteRequest, p: View, d: View, pd: PDConfig) -> int:
+    return max(0, transfer_tokens(req, d)) * (p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token)
+
+
+def link_backlog_s(p: View, d: View, pd: PDConfig, lead_s: float) -> float:
+    """Seconds of bytes already booked on the NICs this transfer will cross when it starts:
+    all of those into D (other pairs' transfers run concurrently), and those out of P
+    that its queue and our prefill (``lead_s``) have not drained yet."""
+    nic = (pd.handoff.nic_gbps or link_gbps(p, d, pd.links)) * 1e9 / 8
+    return max(d.load.transfer_bytes / nic, p.load.transfer_bytes / nic - lead_s, 0.0)
+
+
+def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_s: float = 0.0,
+                     lead_s: float = 0.0) -> float:
+    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P (``lead_s``:
+    queue + prefill, before the transfer starts).
+
+    Without link-aware booking, the link is divided by the count of transfers booked at
+    either end. With it (pd.handoff.link_aware), the booked bytes say how long the link
+    stays busy: sharing it with a backlog B slows a transfer of T alone to T + min(T, B)
+    (two fluid flows); a backlog beyond max_link_backlog_s is a reservation the transfer
+    waits out (T + B), which steers decisions to another pair when one has room."""
     tokens = transfer_tokens(req, d)
     if tokens <= 0:
         return 0.0
     per_token = p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token
-    sharing = 1 + max(p.load.transfers, d.load.transfers)
+    h = pd.handoff
+    sharing = 1 if h.link_aware else 1 + max(p.load.transfers, d.load.transfers)
     bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing
     serial = tokens * per_token / bytes_per_s
+    if h.link_aware:
+        backlog = link_backlog_s(p, d, pd, lead_s)
+        serial += backlog if backlog > h.max_link_backlog_s else min(serial, backlog)
     if flavor(p) == "sglang":
         last = min(tokens, pd.handoff.overlap_chunk_tokens) * per_token / bytes_per_s
         serial = max(last, serial - prefill_s)
@@ -83,5 +107,6 @@ def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights,
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
     t = colocated_ttft(req, p, weights)
-    return RouteCost(t.queue_s, t.prefill_s, transfer_seconds(req, p, d, pd, t.prefill_s), admission_seconds(req, d, pd), step,
-                     t.uncached_tokens, transfer_tokens(req, d))
+    transfer = transfer_seconds(req, p, d, pd, t.prefill_s, t.queue_s + t.prefill_s)
+    return RouteCost(t.queue_s, t.prefill_s, transfer, admission_seconds(req, d, pd), step,
+                     t.uncached_tokens, transfer_tokens(req, d), transfer_bytes(req, p, d, pd))

@@ -36,3 +36,30 @@ def test_fp8_kv_halves_the_transfer_term():
     p, d = pair("vllm", 1000)
     p8, d8 = pair("vllm", 500)
     assert transfer_seconds(REQ, p8, d8, PD) == pytest.approx(transfer_seconds(REQ, p, d, PD) / 2)
+
+
+def loaded(v: View, nbytes: int, transfers: int = 1) -> View:
+    return v._replace(load=Load(transfers=transfers, transfer_bytes=nbytes))
+
+
+def test_link_aware_pricing_reads_booked_bytes_not_the_count_of_transfers():
+    aware = PD.model_copy(update={"handoff": PD.handoff.model_copy(update={"link_aware": True})})
+    p, d = pair("vllm")
+    alone = transfer_seconds(REQ, p, d, aware)
+    # four tiny transfers booked on D barely matter once bytes are booked ...
+    assert transfer_seconds(REQ, p, loaded(d, 4_000, 4), aware) == pytest.approx(alone, rel=0.01)
+    # ... while the count-based model divides the link by five
+    assert transfer_seconds(REQ, p, loaded(d, 4_000, 4), PD) == pytest.approx(5 * alone)
+    # a backlog within the reservation share slows it by at most its own time (two fluid flows)
+    small = int(0.01 * 1e9)  # 10 ms of D's NIC
+    assert transfer_seconds(REQ, p, loaded(d, small), aware) == pytest.approx(alone + 0.01)
+    # beyond max_link_backlog_s the transfer waits for the link: the pair gets expensive
+    big = int(0.2 * 1e9)
+    assert transfer_seconds(REQ, p, loaded(d, big), aware) == pytest.approx(alone + 0.2)
+
+
+def test_link_aware_pricing_lets_p_drain_its_own_backlog_during_the_prefill():
+    aware = PD.model_copy(update={"handoff": PD.handoff.model_copy(update={"link_aware": True})})
+    p, d = pair("vllm")
+    backlog = int(0.2 * 1e9)
+    assert transfer_seconds(REQ, loaded(p, backlog), d, aware, lead_s=1.0) == pytest.approx(transfer_seconds(REQ, p, d, aware))

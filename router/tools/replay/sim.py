@@ -70,6 +70,7 @@ class Flight:
     max_tokens: int
     sent: int = -1  # prompt tokens handed to the link so far; -1 = transfer not started
     source: EngineRequest | None = None  # the prefill engine's request, while it prefills
+    prefilled_at: float = 0.0
 
 
 class Simulation:
@@ -236,6 +237,7 @@ class Simulation:
         """The prefill finished: whatever of the KV has not left yet goes now."""
         assert flight.prefill is not None
         self.record.prefilled(flight.index, prefilled.num_cached)
+        flight.prefilled_at = self.now
         self._streaming[flight.prefill.index].remove(flight)
         self._stream(flight, prefilled, seal=True)
         flight.source = None
@@ -282,6 +284,7 @@ class Simulation:
 
     def _transfer_end(self, flight: Flight) -> None:
         assert flight.prefill is not None
+        self.record.handoff[flight.index] = self.now - flight.prefilled_at
         flight.prefill.engine.release_held(flight.request.request_id)
         self._kick(flight.prefill)
         flight.answer.engine.add_request(flight.request, self.now)
