@@ -61,16 +61,16 @@ def estimate(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace, args.limit, args.rate_scale)
     if trace is None:
         return 2
-    rows = ["| flavour | PD routes | TTFT error p50 | TTFT error p90 | target p90 <= 0.2 | transfer term error p50 | p90 |",
-            "|---|---|---|---|---|---|---|"]
-    for flavor in ("vllm", "sglang"):
-        spec = ClusterSpec(prefill=4, decode=4, flavor=flavor)
+    rows = ["| flavour | link-aware | PD routes | TTFT error p50 | TTFT error p90 | target p90 <= 0.2 | transfer term error p50 | p90 |",
+            "|---|---|---|---|---|---|---|---|"]
+    for flavor, aware in (("vllm", False), ("vllm", True), ("sglang", False), ("sglang", True)):
+        spec = ClusterSpec(prefill=4, decode=4, flavor=flavor, link_aware=aware)
         sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
         sim.run()
         errs = estimate_errors(sim)
         p50, p90 = percentile(errs, 50), percentile(errs, 90)
         terr = transfer_errors(sim)
-        rows.append(f"| {flavor} | {len(errs)} | {p50:.3f} | {p90:.3f} | {'met' if p90 <= 0.2 else 'not met'} | "
+        rows.append(f"| {flavor} | {'on' if aware else 'off'} | {len(errs)} | {p50:.3f} | {p90:.3f} | {'met' if p90 <= 0.2 else 'not met'} | "
                     f"{percentile(terr, 50):.3f} | {percentile(terr, 90):.3f} |")
         print(rows[-1], flush=True)
     body = (f"Trace: `{Path(args.trace).name}`, first {len(trace.requests)} requests, arrivals x{args.rate_scale:g}; "

@@ -2,8 +2,8 @@
 
 Kept apart from the PD pairing knobs because each field is one axis of the handoff:
 overlap (what of the transfer hides behind the prefill), isolation (booking bytes per
-link so transfers do not saturate a NIC the decode steps share), and reuse through a
-shared KV store (loading a prefix instead of recomputing it).
+link so transfers do not saturate a NIC the decode steps share). (Compression needs no
+knob: bytes per token follow each instance's kv_dtype.)
 """
 
 from __future__ import annotations
@@ -11,17 +11,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class StoreTierConfig(BaseModel):
-    """A shared KV store every instance can load prefix blocks from (Mooncake Store, LMCache remote)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(default=False, description="price loading a prefix from the store against recomputing it")
-    gbps: float = Field(default=100.0, gt=0, description="store -> instance bandwidth, Gbit/s")
-    setup_s: float = Field(default=0.001, ge=0, description="fixed cost of one store load")
-
-
 class HandoffConfig(BaseModel):
+    """pd.handoff: how the KV transfer of a (P, D) pair is priced and booked."""
+
     model_config = ConfigDict(extra="forbid")
 
     overlap_chunk_tokens: int = Field(default=8192, ge=1, description="SGLang streams KV per prefill chunk of this "
@@ -31,4 +23,3 @@ class HandoffConfig(BaseModel):
     max_link_backlog_s: float = Field(default=0.05, ge=0, description="with link_aware: pairs whose NIC (either end) "
                                       "already has more booked bytes than this many seconds of its bandwidth are "
                                       "avoided while another pair is under it (bandwidth reservation)")
-    store: StoreTierConfig = Field(default_factory=StoreTierConfig, description="shared KV store tier")

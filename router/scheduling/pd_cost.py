@@ -38,8 +38,19 @@ def flavor(v: View) -> str:
     return compat[3] if compat else "vllm"
 
 
+def kv_bytes_per_token(v: View, pd: PDConfig) -> int:
+    """The instance's stated KV bytes per token, else the PD default at its KV dtype: an
+    fp8 cache (compat's kv_dtype ``fp8*``) holds and sends one byte per element, not two."""
+    if v.candidate.kv_bytes_per_token:
+        return v.candidate.kv_bytes_per_token
+    compat = v.candidate.compat
+    if compat and compat[1].startswith("fp8"):
+        return pd.kv_bytes_per_token // 2
+    return pd.kv_bytes_per_token
+
+
 def transfer_bytes(req: RouteRequest, p: View, d: View, pd: PDConfig) -> int:
-    return max(0, transfer_tokens(req, d)) * (p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token)
+    return max(0, transfer_tokens(req, d)) * kv_bytes_per_token(p, pd)
 
 
 def link_backlog_s(p: View, d: View, pd: PDConfig, lead_s: float) -> float:
@@ -63,7 +74,7 @@ def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_
     tokens = transfer_tokens(req, d)
     if tokens <= 0:
         return 0.0
-    per_token = p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token
+    per_token = kv_bytes_per_token(p, pd)
     h = pd.handoff
     sharing = 1 if h.link_aware else 1 + max(p.load.transfers, d.load.transfers)
     bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing

@@ -63,3 +63,12 @@ def test_link_aware_pricing_lets_p_drain_its_own_backlog_during_the_prefill():
     p, d = pair("vllm")
     backlog = int(0.2 * 1e9)
     assert transfer_seconds(REQ, loaded(p, backlog), d, aware, lead_s=1.0) == pytest.approx(transfer_seconds(REQ, p, d, aware))
+
+
+def test_an_fp8_kv_dtype_halves_the_default_bytes_per_token():
+    compat8 = ("m", "fp8_e4m3", 16, "vllm")
+    p = View(Candidate("p", role="prefill", compat=compat8, zone="z"), 0, Load())
+    d = View(Candidate("d", role="decode", compat=compat8, zone="z"), 0, Load())
+    bf = View(Candidate("p", role="prefill", compat=("m", "auto", 16, "vllm"), zone="z"), 0, Load())
+    bd = View(Candidate("d", role="decode", compat=("m", "auto", 16, "vllm"), zone="z"), 0, Load())
+    assert transfer_seconds(REQ, p, d, PD) == pytest.approx(transfer_seconds(REQ, bf, bd, PD) / 2)
