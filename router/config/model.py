@@ -12,6 +12,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
+from router.config.handoff import HandoffConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
@@ -249,6 +250,7 @@ class PDConfig(_Strict):
     fallback_local_prefill: bool = Field(default=True, description="after the retries, prefill on the decode instance (counted, logged)")
     vllm_min_tokens: Literal["set", "pop"] = Field(default="set", description="prefill leg: set min_tokens=1 (vllm-router) or drop it (vLLM's toy proxy)")
     ttft_slo_s: float | None = Field(default=None, gt=0, description="answer 429 when the best predicted TTFT exceeds this")
+    handoff: HandoffConfig = Field(default_factory=HandoffConfig, description="KV handoff: overlap, link booking, shared store")
 
 
 class CalibrationConfig(_Strict):

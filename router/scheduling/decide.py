@@ -25,7 +25,10 @@ def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Bookin
 
     if decision.prefill is None:
         return Booking.single(req.id, decision.instance, queued(decision.instance), kv, req.keys)
-    legs = (Leg(decision.instance, 0, kv, 1), Leg(decision.prefill, queued(decision.prefill), 0, 1, transient=True))
+    terms = decision.terms.get(route_key(decision.instance, decision.prefill)) or {}
+    nbytes = int(terms.get("transfer_bytes", 0))  # booked per NIC: both ends carry them
+    legs = (Leg(decision.instance, 0, kv, 1, nbytes),
+            Leg(decision.prefill, queued(decision.prefill), 0, 1, nbytes, transient=True))
     return Booking(req.id, legs, req.keys)
 
 

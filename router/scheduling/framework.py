@@ -44,6 +44,7 @@ class RouteCost:
     step_s: float
     prefill_tokens: int
     transfer_tokens: int
+    transfer_bytes: int = 0  # what the handoff books on both NICs (link-aware booking)
 
     @property
     def total_s(self) -> float:
@@ -59,6 +60,7 @@ class RouteCost:
             "decode_step_s": self.step_s,
             "prefill_tokens": float(self.prefill_tokens),
             "transfer_tokens": float(self.transfer_tokens),
+            "transfer_bytes": float(self.transfer_bytes),
         }
 
 

@@ -4,7 +4,10 @@
 
 queue and prefill are the colocated terms on P (cost.py). The KV that D lacks
 (prompt - cached on D) crosses the link between P and D: bytes / (link bandwidth shared
-by the transfers already in flight at either end). admission(D) is the wait for KV room
+by the transfers already in flight at either end). Overlap follows the protocol: vLLM
+(NIXL) pulls after the prefill, so the whole transfer adds to TTFT; SGLang streams each
+prefill chunk's KV while the next computes, so only what cannot move during the prefill
+adds, and at least the last chunk's share. admission(D) is the wait for KV room
 on D, step(D) its decode step time, which must also stay under the TBT target.
 """
 
@@ -29,14 +32,60 @@ def transfer_tokens(req: RouteRequest, d: View) -> int:
     return req.prompt_tokens - d.cached_tokens(req)
 
 
-def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig) -> float:
+def flavor(v: View) -> str:
+    """The PD protocol of an instance (its compat tuple's last field); vLLM when unstated."""
+    compat = v.candidate.compat
+    return compat[3] if compat else "vllm"
+
+
+def kv_bytes_per_token(v: View, pd: PDConfig) -> int:
+    """The instance's stated KV bytes per token, else the PD default at its KV dtype: an
+    fp8 cache (compat's kv_dtype ``fp8*``) holds and sends one byte per element, not two."""
+    if v.candidate.kv_bytes_per_token:
+        return v.candidate.kv_bytes_per_token
+    compat = v.candidate.compat
+    if compat and compat[1].startswith("fp8"):
+        return pd.kv_bytes_per_token // 2
+    return pd.kv_bytes_per_token
+
+
+def transfer_bytes(req: RouteRequest, p: View, d: View, pd: PDConfig) -> int:
+    return max(0, transfer_tokens(req, d)) * kv_bytes_per_token(p, pd)
+
+
+def link_backlog_s(p: View, d: View, pd: PDConfig, lead_s: float) -> float:
+    """Seconds of bytes already booked on the NICs this transfer will cross when it starts:
+    all of those into D (other pairs' transfers run concurrently), and those out of P
+    that its queue and our prefill (``lead_s``) have not drained yet."""
+    nic = (pd.handoff.nic_gbps or link_gbps(p, d, pd.links)) * 1e9 / 8
+    return max(d.load.transfer_bytes / nic, p.load.transfer_bytes / nic - lead_s, 0.0)
+
+
+def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_s: float = 0.0,
+                     lead_s: float = 0.0) -> float:
+    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P (``lead_s``:
+    queue + prefill, before the transfer starts).
+
+    Without link-aware booking, the link is divided by the count of transfers booked at
+    either end. With it (pd.handoff.link_aware), the booked bytes say how long the link
+    stays busy: sharing it with a backlog B slows a transfer of T alone to T + min(T, B)
+    (two fluid flows); a backlog beyond max_link_backlog_s is a reservation the transfer
+    waits out (T + B), which steers decisions to another pair when one has room."""
     tokens = transfer_tokens(req, d)
     if tokens <= 0:
         return 0.0
-    per_token = p.candidate.kv_bytes_per_token or pd.kv_bytes_per_token
-    sharing = 1 + max(p.load.transfers, d.load.transfers)
+    per_token = kv_bytes_per_token(p, pd)
+    h = pd.handoff
+    sharing = 1 if h.link_aware else 1 + max(p.load.transfers, d.load.transfers)
     bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing
-    return pd.links.setup_s + tokens * per_token / bytes_per_s
+    serial = tokens * per_token / bytes_per_s
+    if h.link_aware:
+        backlog = link_backlog_s(p, d, pd, lead_s)
+        serial += backlog if backlog > h.max_link_backlog_s else min(serial, backlog)
+    if flavor(p) == "sglang":
+        last = min(tokens, pd.handoff.overlap_chunk_tokens) * per_token / bytes_per_s
+        serial = max(last, serial - prefill_s)
+    return pd.links.setup_s + serial
 
 
 def decode_step_seconds(d: View, pd: PDConfig, extra_requests: int = 0, extra_kv: int = 0) -> float:
@@ -69,5 +118,6 @@ def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights,
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
     t = colocated_ttft(req, p, weights)
-    return RouteCost(t.queue_s, t.prefill_s, transfer_seconds(req, p, d, pd), admission_seconds(req, d, pd), step,
-                     t.uncached_tokens, transfer_tokens(req, d))
+    transfer = transfer_seconds(req, p, d, pd, t.prefill_s, t.queue_s + t.prefill_s)
+    return RouteCost(t.queue_s, t.prefill_s, transfer, admission_seconds(req, d, pd), step,
+                     t.uncached_tokens, transfer_tokens(req, d), transfer_bytes(req, p, d, pd))

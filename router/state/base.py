@@ -25,6 +25,7 @@ class Load:
     prefill_tokens: int = 0  # queued prefill not yet done, in tokens (work-equivalent for ttft); released at first byte
     kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
     transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
+    transfer_bytes: int = 0  # KV bytes those transfers move over the instance's NIC (link-aware booking)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Leg:
     prefill_tokens: int = 0
     kv_tokens: int = 0
     transfers: int = 0
+    transfer_bytes: int = 0
     transient: bool = False  # a remote prefill leg: wholly released at the first byte
 
 

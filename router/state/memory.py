@@ -68,7 +68,7 @@ class MemoryStore(StateStore):
             return
         self._bookings[booking.id] = booking
         for leg in booking.legs:
-            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers))
+            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes))
             if booking.keys:
                 self.record_residency(leg.instance, booking.keys)
 
@@ -84,9 +84,9 @@ class MemoryStore(StateStore):
             self._prefilled.add(booking.id)
             for leg in booking.legs:
                 if leg.transient:
-                    self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers), sign=-1)
+                    self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1)
                 else:
-                    self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers), sign=-1)
+                    self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers, leg.transfer_bytes), sign=-1)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
@@ -96,8 +96,8 @@ class MemoryStore(StateStore):
         for leg in booking.legs:
             if prefilled and leg.transient:
                 continue  # released at the first byte
-            pf, tx = (0, 0) if prefilled else (leg.prefill_tokens, leg.transfers)
-            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx), sign=-1)
+            pf, tx, tb = (0, 0, 0) if prefilled else (leg.prefill_tokens, leg.transfers, leg.transfer_bytes)
+            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx, tb), sign=-1)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self.release(booking)
@@ -123,6 +123,7 @@ class MemoryStore(StateStore):
             max(0, old.prefill_tokens + sign * delta.prefill_tokens),
             max(0, old.kv_tokens + sign * delta.kv_tokens),
             max(0, old.transfers + sign * delta.transfers),
+            max(0, old.transfer_bytes + sign * delta.transfer_bytes),
         )
         if new == _IDLE:  # absent means idle: instances that come and go leave nothing behind
             self._loads.pop(instance, None)

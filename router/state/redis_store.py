@@ -210,8 +210,7 @@ class RedisStore(StateStore):
         loads = {}
         for inst, text in zip(instances, packed):
             if text:
-                r, p, k, t = text.split(":")
-                loads[inst] = Load(int(r), int(p), int(k), int(t))
+                loads[inst] = Load(*(int(field) for field in text.split(":")))
             else:
                 loads[inst] = idle
         return Snapshot(matched={inst: int(m) for inst, m in zip(instances, matched)}, loads=loads)
@@ -246,13 +245,15 @@ class RedisStore(StateStore):
             leg = legs.get(inst)
             if leg is not None:
                 own = Load(max(0, own.requests - 1), max(0, own.prefill_tokens - leg.prefill_tokens),
-                           max(0, own.kv_tokens - leg.kv_tokens), max(0, own.transfers - leg.transfers))
+                           max(0, own.kv_tokens - leg.kv_tokens), max(0, own.transfers - leg.transfers),
+                           max(0, own.transfer_bytes - leg.transfer_bytes))
             other = remote.get(inst, idle)
             if other is idle or other == own:
                 loads[inst] = own
             else:
                 loads[inst] = Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
-                                   max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers))
+                                   max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers),
+                                   max(own.transfer_bytes, other.transfer_bytes))
         return Snapshot(snap.matched, loads)
 
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:

@@ -150,3 +150,33 @@ async def test_abandon_releases_and_takes_back_only_new_residency(make_store):
     view = await store.snapshot([1, 2, 3, 4], INSTANCES)
     assert view.matched == {"a": 2, "b": 2, "c": 0}
     assert all(load == Load() for load in view.loads.values())
+
+
+class BytesChooser:
+    """A pair whose handoff books KV bytes on both NICs (link-aware booking)."""
+
+    def __init__(self, req_id, d, p, nbytes):
+        self.req_id, self.d, self.p, self.nbytes = req_id, d, p, nbytes
+
+    def __call__(self, snap):
+        return Booking(self.req_id, (Leg(self.d, 0, 300, 1, self.nbytes), Leg(self.p, 200, 0, 1, self.nbytes, transient=True)))
+
+    def revise(self, snap, booking):
+        return None
+
+
+async def test_transfer_bytes_are_booked_on_both_ends_and_released_at_the_first_byte(make_store):
+    store = await make_store()
+    big = 3 * 2**40  # beyond 32 bits: byte counts of long prompts add up
+    _, one = await store.decide([], INSTANCES, BytesChooser("tb1", "a", "b", big))
+    _, two = await store.decide([], INSTANCES, BytesChooser("tb2", "a", "c", 5))
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"].transfer_bytes == big + 5
+    assert view.loads["b"].transfer_bytes == big and view.loads["c"].transfer_bytes == 5
+    await store.prefill_done(one)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"].transfer_bytes == 5 and view.loads["b"] == Load()
+    await store.release(two)  # before its first byte: everything of it goes
+    await store.release(one)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["a"] == Load() and view.loads["c"] == Load()

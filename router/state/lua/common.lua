@@ -3,7 +3,7 @@
 -- Keys: P:blk:<block key>  hash instance -> residency expiry (ms), PEXPIRE'd
 --       P:lru:<instance>   zset block key -> recency, capped at the instance's capacity
 --       P:seq              recency sequence
---       P:loads            hash instance -> "requests:prefill:kv:transfers" booked load
+--       P:loads            hash instance -> "requests:prefill:kv:transfers:transfer_bytes" booked load
 --       P:bk:<booking id>  hash legs (JSON) / pfdone
 --       P:leases           zset booking id -> lease expiry (ms)
 local P = ARGV[1]
@@ -30,19 +30,23 @@ local function delta(x)
   return math.max(-LOAD_MAX, math.min(LOAD_MAX, x))
 end
 
-local function add_load(inst, req, pf, kv, tx)
+local function add_load(inst, req, pf, kv, tx, tb)
   local k = P .. ':loads'
-  local r, p, v, t = 0, 0, 0, 0
+  local r, p, v, t, y = 0, 0, 0, 0, 0
   local old = redis.call('HGET', k, inst)
   if old then
-    local a, b, c, d = string.match(old, '^(%d+):(%d+):(%d+):(%d+)$')
-    if a then r, p, v, t = clamp(tonumber(a)), clamp(tonumber(b)), clamp(tonumber(c)), clamp(tonumber(d)) end
+    local a, b, c, d, f = string.match(old, '^(%d+):(%d+):(%d+):(%d+):?(%d*)$')
+    if a then
+      r, p, v, t = clamp(tonumber(a)), clamp(tonumber(b)), clamp(tonumber(c)), clamp(tonumber(d))
+      y = clamp(tonumber(f) or 0)
+    end
   end
   r, p, v, t = clamp(r + delta(req)), clamp(p + delta(pf)), clamp(v + delta(kv)), clamp(t + delta(tx))
-  if r + p + v + t == 0 then
+  y = clamp(y + delta(tb or 0))
+  if r + p + v + t + y == 0 then
     redis.call('HDEL', k, inst)  -- absent means idle: instances that come and go leave nothing behind
   else
-    redis.call('HSET', k, inst, string.format('%.0f:%.0f:%.0f:%.0f', r, p, v, t))
+    redis.call('HSET', k, inst, string.format('%.0f:%.0f:%.0f:%.0f:%.0f', r, p, v, t, y))
   end
 end
 
@@ -54,9 +58,9 @@ local function drop_booking(id)
   local pending = v[2] ~= '1'
   for _, leg in ipairs(cjson.decode(v[1])) do
     if pending then
-      add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers)
+      add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers, -(leg.transfer_bytes or 0))
     elseif not leg.transient then
-      add_load(leg.instance, -1, 0, -leg.kv_tokens, 0)
+      add_load(leg.instance, -1, 0, -leg.kv_tokens, 0, 0)
     end
   end
   redis.call('DEL', bk)
@@ -162,7 +166,7 @@ local function book(b, now, lease_ms, ttl_ms, caps, held)
   redis.call('HSET', bk, 'legs', cjson.encode(b.legs), 'pfdone', '0')
   redis.call('ZADD', P .. ':leases', now + lease_ms, b.id)
   for _, leg in ipairs(b.legs) do
-    add_load(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers)
+    add_load(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes)
     record(leg.instance, b.keys, now, ttl_ms, caps[leg.instance], held and held[leg.instance])
   end
   return 1

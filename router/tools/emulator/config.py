@@ -15,10 +15,12 @@ from typing import Literal
 Flavor = Literal["vllm", "sglang"]
 Role = Literal["prefill", "decode", "mixed"]
 PdFallback = Literal["error", "recompute"]
+KvDtype = Literal["auto", "fp8"]
 
 FLAVORS: tuple[str, ...] = ("vllm", "sglang")
 ROLES: tuple[str, ...] = ("prefill", "decode", "mixed")
 PD_FALLBACKS: tuple[str, ...] = ("error", "recompute")
+KV_DTYPES: tuple[str, ...] = ("auto", "fp8")
 
 
 @dataclass
@@ -107,6 +109,15 @@ class EmulatorConfig:
     default_max_tokens: int = 16
     kv_bandwidth_gbps: float | None = None
     kv_transfer_latency_s: float = 0.0005
+    kv_dtype: KvDtype = "auto"
+    """KV cache dtype: "auto" keeps the model's (bf16, 2 B), "fp8" stores and sends 1 B."""
+    kv_transfer_interference: float = 0.1
+    """Fraction by which every engine step slows while a KV transfer is in flight on the
+    engine's NIC (the copy engines and PCIe/HBM traffic of RDMA reads contend with
+    compute; an assumption, not a measurement: set it from your hardware)."""
+    overlap_chunk_tokens: int | None = None
+    """SGLang: KV is sent per prefill chunk of this many tokens while the prefill runs, so
+    only the last chunk's transfer adds to TTFT; None = max_batched_tokens."""
     kv_hold_timeout_s: float = 30.0
     """Wall seconds a prefill keeps KV pinned for its decode peer."""
     pd_fallback: PdFallback = "error"
@@ -132,6 +143,10 @@ class EmulatorConfig:
             raise ValueError(f"role must be one of {ROLES}")
         if self.pd_fallback not in PD_FALLBACKS:
             raise ValueError(f"pd_fallback must be one of {PD_FALLBACKS}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}")
+        if self.kv_transfer_interference < 0:
+            raise ValueError("kv_transfer_interference must be >= 0")
         if self.time_scale < 0:
             raise ValueError("time_scale must be >= 0")
         if self.block_size < 1:
@@ -143,6 +158,10 @@ class EmulatorConfig:
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
         self.faults.validate()
+
+    def kv_bytes_per_token(self, model_bytes: int) -> int:
+        """Bytes per token of KV on this engine given the model's bf16 figure."""
+        return model_bytes // 2 if self.kv_dtype == "fp8" else model_bytes
 
     @property
     def served_model(self) -> str:

@@ -91,6 +91,8 @@ class Engine:
         self.held: dict[str, EngineRequest] = {}
         self.counters = EngineCounters()
         self.time_multiplier = config.time_multiplier
+        self.transfer_slowdown = 1.0
+        """Set by the KV link owner: > 1 while a transfer is in flight on this engine's NIC."""
         self._token = token_fn
         self._requests: dict[str, EngineRequest] = {}
 
@@ -214,7 +216,7 @@ class Engine:
             decode_seqs=len(decodes),
             decode_context=decode_ctx,
         )
-        duration = step_time(self.profile, shape) * self.time_multiplier
+        duration = step_time(self.profile, shape) * self.time_multiplier * self.transfer_slowdown
         end = now + duration
         events: list[Event] = []
         finished: list[EngineRequest] = []

@@ -12,6 +12,7 @@ import argparse
 
 from router.tools.emulator.config import (
     FLAVORS,
+    KV_DTYPES,
     PD_FALLBACKS,
     ROLES,
     EmulatorConfig,
@@ -58,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-bandwidth-gbps", type=float, default=None, help="PD link Gbit/s")
     a("--kv-transfer-latency", type=float, default=d.kv_transfer_latency_s,
       help="fixed model seconds per KV transfer")
+    a("--kv-dtype", choices=KV_DTYPES, default=d.kv_dtype,
+      help="KV cache dtype: fp8 halves the bytes each KV transfer moves")
+    a("--kv-transfer-interference", type=float, default=d.kv_transfer_interference,
+      help="fraction by which steps slow while this engine's NIC moves KV")
+    a("--overlap-chunk-tokens", type=int, default=None,
+      help="SGLang: KV streams per prefill chunk of this many tokens (default max-batched-tokens)")
     a("--kv-hold-timeout", type=float, default=d.kv_hold_timeout_s,
       help="wall seconds a prefill keeps KV for its decode")
     a("--pd-fallback", choices=PD_FALLBACKS, default=d.pd_fallback,
@@ -93,6 +100,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         max_model_len=args.max_model_len, default_max_tokens=args.default_max_tokens,
         kv_bandwidth_gbps=args.kv_bandwidth_gbps,
         kv_transfer_latency_s=args.kv_transfer_latency,
+        kv_dtype=args.kv_dtype, kv_transfer_interference=args.kv_transfer_interference,
+        overlap_chunk_tokens=args.overlap_chunk_tokens,
         kv_hold_timeout_s=args.kv_hold_timeout, pd_fallback=args.pd_fallback,
         bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
         stats_history=args.stats_history, kv_events_endpoint=args.kv_events_endpoint,
@@ -112,6 +121,8 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
             "--bootstrap-port", str(c.bootstrap_port),
             "--bootstrap-timeout", repr(c.bootstrap_timeout_s),
             "--kv-transfer-latency", repr(c.kv_transfer_latency_s),
+            "--kv-dtype", c.kv_dtype,
+            "--kv-transfer-interference", repr(c.kv_transfer_interference),
             "--kv-hold-timeout", repr(c.kv_hold_timeout_s),
             "--pd-fallback", c.pd_fallback, "--stats-history", str(c.stats_history)]
     optional = (("--model", c.model), ("--engine-id", c.engine_id),
@@ -120,7 +131,8 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
                 ("--max-model-len", c.max_model_len),
                 ("--kv-bandwidth-gbps", c.kv_bandwidth_gbps),
                 ("--kv-events-endpoint", c.kv_events_endpoint),
-                ("--kv-events-replay-endpoint", c.kv_events_replay_endpoint))
+                ("--kv-events-replay-endpoint", c.kv_events_replay_endpoint),
+                ("--overlap-chunk-tokens", c.overlap_chunk_tokens))
     for flag, value in optional:
         if value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]

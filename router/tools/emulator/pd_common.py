@@ -21,11 +21,18 @@ import xxhash
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.engine import Engine
 from router.tools.emulator.openai_schema import ApiError
-from router.tools.emulator.perf import PerfProfile, kv_transfer_time
+from router.tools.emulator.links import AsyncLink
+from router.tools.emulator.perf import PerfProfile
 from router.tools.emulator.request import EngineRequest
 from router.tools.emulator.stats import StatsRecorder
 
 log = logging.getLogger(__name__)
+
+
+def overlap_tail_bytes(total: float, last_chunk: float, streamed: float) -> float:
+    """Bytes still to move after the prefill ended when ``streamed`` bytes could go while it
+    ran: at least the last chunk's (computed last, sent after), at most all of them."""
+    return min(total, max(last_chunk, total - streamed))
 
 
 class PdFailure(Exception):
@@ -60,6 +67,10 @@ class PdHost(Protocol):
     @property
     def kv_bandwidth_gbps(self) -> float: ...
     @property
+    def kv_bytes_per_token(self) -> int: ...
+    @property
+    def kv_link(self) -> AsyncLink: ...
+    @property
     def stats(self) -> StatsRecorder: ...
 
     def sleep_scale(self) -> float:
@@ -86,19 +97,29 @@ class Leg:
     def abort(self, requests: list[EngineRequest]) -> None:
         """Runs (synchronously) when the response fails or the client leaves."""
 
-    async def receive_kv(self, request: EngineRequest, local_hit: int) -> None:
-        """Wait the modelled transfer time, then mark the prompt KV as present.
+    async def receive_kv(self, request: EngineRequest, local_hit: int,
+                         overlapped_s: float = 0.0) -> None:
+        """Move the KV D lacks over D's NIC (shared with every other transfer in flight
+        on it), then mark the prompt KV as present.
 
         All prompt tokens but the last arrive; the decode computes that last
         token itself so its first output comes from a real forward pass.
+        ``overlapped_s`` is model time the sender already streamed during its prefill
+        (SGLang): bytes that fit in it at the nominal link rate are already here, but
+        never the last chunk's (``overlap_tail_bytes``).
         """
         rt = self.rt
         ready = request.prompt_len - 1
         moved = max(0, ready - local_hit)
-        seconds = kv_transfer_time(rt.profile, moved, rt.kv_bandwidth_gbps,
-                                   rt.config.kv_transfer_latency_s)
-        if seconds > 0 and rt.sleep_scale() > 0:
-            await asyncio.sleep(seconds * rt.sleep_scale())
+        nbytes: float = moved * rt.kv_bytes_per_token
+        if overlapped_s > 0 and nbytes > 0:
+            chunk = rt.config.overlap_chunk_tokens or rt.engine.config.max_batched_tokens
+            nbytes = overlap_tail_bytes(nbytes, min(moved, chunk) * rt.kv_bytes_per_token,
+                                        overlapped_s * rt.kv_bandwidth_gbps * 1e9 / 8)
+        scale = rt.sleep_scale()
+        if moved > 0 and scale > 0:
+            await asyncio.sleep(rt.config.kv_transfer_latency_s * scale)
+            await rt.kv_link.send(nbytes)
         request.kv_ready_tokens = ready
         rt.stats.pd.kv_pulls += 1
 

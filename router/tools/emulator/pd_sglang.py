@@ -6,7 +6,8 @@ at once. The prefill engine listens on its bootstrap port; the decode
 connects there and announces its room. As in SGLang, the prefill waits for
 its decode partner before prefilling; once prefill is done it tells the
 decode the KV is ready, the decode waits the modelled transfer time and then
-decodes. A partner that never shows up times out on both sides (HTTP 504).
+decodes. KV streams chunk by chunk while the prefill runs (SGLang's default overlap), so
+the decode waits only for what could not move meanwhile: the last chunk at least. A partner that never shows up times out on both sides (HTTP 504).
 
 Wire protocol (JSON lines over TCP, emulator to emulator only):
 decode -> prefill ``{"room", "engine_id", "prompt_len", "prompt_digest"}``;
@@ -27,6 +28,14 @@ from router.tools.emulator.request import EngineRequest
 from router.tools.emulator.stats import PdCounters
 
 log = logging.getLogger(__name__)
+
+
+def prefill_seconds(request: EngineRequest) -> float:
+    """Model seconds the prefill computed for (first scheduled to first token): the time
+    SGLang streams finished chunks' KV to the decode while later chunks still compute."""
+    if request.schedule_time is None or request.first_token_time is None:
+        return 0.0
+    return max(0.0, request.first_token_time - request.schedule_time)
 
 
 class DecodePeer:
@@ -154,7 +163,8 @@ class SglangPrefillLeg(Leg):
         for peer, request in zip(self.peers, requests):
             peer.send({"status": "ready", "engine_id": self.rt.engine_id,
                        "prompt_len": request.prompt_len,
-                       "prompt_digest": prompt_digest(request.prompt)}, close=True)
+                       "prompt_digest": prompt_digest(request.prompt),
+                       "prefill_s": prefill_seconds(request)}, close=True)
         self.peers = []
         return {}
 
@@ -210,7 +220,9 @@ class SglangDecodeLeg(Leg):
             raise PdFailure(f"bootstrap {where}: {ready.get('message', ready)}")
         if ready.get("prompt_digest") != digest:
             raise PdFailure(f"bootstrap {where}: prefilled prompt differs", status=409)
-        await self.receive_kv(request, local_hit)
+        overlapped = ready.get("prefill_s")
+        await self.receive_kv(request, local_hit,
+                              float(overlapped) if isinstance(overlapped, (int, float)) else 0.0)
 
     @staticmethod
     async def _read(reader: asyncio.StreamReader, timeout: float,

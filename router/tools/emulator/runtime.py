@@ -20,6 +20,7 @@ from router.tools.emulator.faults import FaultInjector
 from router.tools.emulator.kv_events import KVEventLog, KVEventPublisher
 from router.tools.emulator.metrics import EngineMetrics
 from router.tools.emulator.openai_schema import Limits
+from router.tools.emulator.links import AsyncLink
 from router.tools.emulator.pd_sglang import BootstrapServer
 from router.tools.emulator.pd_vllm import KVHolds
 from router.tools.emulator.stats import FinishedRecord, StatsRecorder
@@ -51,6 +52,8 @@ class EmulatorRuntime:
         self.driver = EngineDriver(self.engine, config.time_scale,
                                    on_first_token=self._on_first_token,
                                    on_finished=self._on_finished)
+        self.kv_bytes_per_token = config.kv_bytes_per_token(self.profile.kv_bytes_per_token)
+        self.kv_link = AsyncLink(self.kv_bandwidth_gbps * 1e9 / 8, config.time_scale, self._link_busy)
         self.kv_holds = KVHolds(self.driver, config.kv_hold_timeout_s, self.stats.pd)
         self.kv_events: KVEventPublisher | None = None
         if config.kv_events_endpoint:
@@ -104,9 +107,13 @@ class EmulatorRuntime:
             "block_size": str(kv.block_size),
             "num_gpu_blocks": str(kv.num_blocks),
             "enable_prefix_caching": "True",
-            "cache_dtype": "auto",
+            "cache_dtype": "fp8" if self.config.kv_dtype == "fp8" else "auto",
             "gpu_memory_utilization": str(self.profile.gpu_memory_utilization),
         }
+
+    def _link_busy(self, busy: bool) -> None:
+        """Isolation: steps slow by the configured fraction while the NIC moves KV."""
+        self.engine.transfer_slowdown = 1.0 + self.config.kv_transfer_interference if busy else 1.0
 
     def _apply_faults(self, faults: FaultConfig) -> None:
         self.engine.time_multiplier = faults.slowdown

@@ -5,13 +5,17 @@ What the router is told is configuration, not tuning (and with ``told=False`` no
 the candidates carry the router's defaults, as for a user who wrote only URLs): each candidate's cache size is its
 engine's, its prefill rate and the TTFT model's attention and step terms are fitted to the
 profile (``router.tools.localrun.profile_timing``, as for live emulated runs), its KV bytes per
-token the model's, and the PD link the replay's. All instances share one zone, so every P -> D transfer uses ``link_gbps``.
+token the model's at the cluster's KV dtype, and the PD links the replay's. Every instance is
+its own node with one NIC of ``link_gbps``; instances are dealt round-robin over ``zones``
+zones, and a transfer between zones also crosses both zones' uplinks (``uplink_gbps``).
+Transfers share those links (router.tools.emulator.links).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from router.config.handoff import HandoffConfig
 from router.config.model import LinkConfig, PDConfig
 from router.tools.emulator.build import engine_config
 from router.tools.emulator.config import EmulatorConfig, FaultConfig
@@ -36,10 +40,18 @@ class ClusterSpec:
     router_cache_tokens: int | None = None  # the cache size the router is told; None = the engines' real one
     slowdown: float = 1.0  # every engine step takes this many times the profile's time (the emulator's fault)
     told: bool = True  # the router is told each engine's cache size and rates; False = its defaults
+    flavor: str = "vllm"  # the PD protocol: vllm pulls after prefill, sglang streams during it
+    kv_dtype: str = "auto"  # "fp8" halves the KV bytes per token
+    transfer_interference: float = 0.1  # steps slow by this fraction while the engine's NIC moves KV
+    zones: int = 1
+    uplink_gbps: float | None = None  # per zone; None = 4 NICs' worth
+    link_aware: bool = False  # the router books bytes in flight per link (pd.handoff.link_aware)
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
             raise ValueError("instance counts must be >= 0")
+        if self.zones < 1:
+            raise ValueError("zones must be >= 1")
         if self.decode + self.mixed == 0:
             raise ValueError("need at least one decode or mixed instance to answer requests")
         if self.slowdown <= 0:
@@ -52,7 +64,18 @@ class ClusterSpec:
 
     def emulator_config(self) -> EmulatorConfig:
         return EmulatorConfig(profile=self.profile, cache_tokens=self.cache_tokens, max_num_seqs=self.max_num_seqs,
-                              faults=FaultConfig(slowdown=self.slowdown))
+                              faults=FaultConfig(slowdown=self.slowdown),
+                              flavor=self.flavor, kv_dtype=self.kv_dtype,  # type: ignore[arg-type]
+                              kv_transfer_interference=self.transfer_interference)
+
+    def kv_bytes_per_token(self) -> int:
+        return self.emulator_config().kv_bytes_per_token(self.perf().kv_bytes_per_token)
+
+    def uplink(self) -> float:
+        return self.uplink_gbps if self.uplink_gbps is not None else 4 * self.link()
+
+    def zone_of(self, index: int) -> str:
+        return f"{ZONE}{index % self.zones}" if self.zones > 1 else ZONE
 
     def perf(self) -> PerfProfile:
         return get_profile(self.profile)
@@ -73,10 +96,13 @@ class ClusterSpec:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
         link = self.link()
         t = profile_timing(self.perf(), self.slowdown)
+        emu = self.emulator_config()
         return PDConfig(
-            kv_bytes_per_token=self.perf().kv_bytes_per_token,
-            links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=link,
+            kv_bytes_per_token=self.kv_bytes_per_token(),
+            links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=min(link, self.uplink()),
                              setup_s=self.transfer_latency_s),
+            handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.perf().max_batched_tokens,
+                                  link_aware=self.link_aware, nic_gbps=link),
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
             decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],
@@ -107,7 +133,7 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
     config = engine_config(emu, profile)
     rate = profile_timing(profile, spec.slowdown)["prefill_tokens_per_s"]  # linear part; attention is its own term
     defaults = None if spec.told else Candidate("defaults")  # what a router told nothing assumes
-    compat = (emu.served_model, "auto", config.block_size, emu.flavor)
+    compat = (emu.served_model, emu.kv_dtype, config.block_size, emu.flavor)
     nodes: list[Node] = []
     for role, prefix, count in (("prefill", "p", spec.prefill), ("decode", "d", spec.decode), ("mixed", "m", spec.mixed)):
         for i in range(count):
@@ -118,8 +144,10 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
                 prefill_tokens_per_s=rate if defaults is None else None,
                 role=role,
                 compat=compat,
-                zone=ZONE,
-                kv_bytes_per_token=profile.kv_bytes_per_token,
+                node=f"n{len(nodes)}",
+                zone=spec.zone_of(len(nodes)),
+                kv_bytes_per_token=spec.kv_bytes_per_token(),
+                standalone=not (emu.flavor == "sglang" and role == "decode"),
             )
             nodes.append(Node(len(nodes), candidate, Engine(config, profile)))
     return nodes

@@ -37,6 +37,8 @@ class Recorder:
     instance: list[str] = field(init=False)
     prefill: list[str | None] = field(init=False)
     estimate: list[float] = field(init=False)  # the policy's predicted TTFT, NaN when it has none
+    transfer_estimate: list[float] = field(init=False)  # the route's priced transfer term (PD), NaN otherwise
+    handoff: list[float] = field(init=False)  # measured: prefill finished -> KV arrived on D (PD), NaN otherwise
     finishes: list[int] = field(init=False)  # times each request finished (must end at 1)
     rejected: list[int] = field(default_factory=list)
     reasons: Counter[str] = field(default_factory=Counter)
@@ -59,6 +61,8 @@ class Recorder:
         self.instance = [""] * self.n
         self.prefill = [None] * self.n
         self.estimate = [nan] * self.n
+        self.transfer_estimate = [nan] * self.n
+        self.handoff = [nan] * self.n
         self.finishes = [0] * self.n
         self.prefill_series = [defaultdict(int) for _ in self.node_ids]
 
@@ -68,6 +72,10 @@ class Recorder:
         self.mode[i], self.instance[i], self.prefill[i] = decision.mode, decision.instance, decision.prefill
         if decision.estimate_s is not None:
             self.estimate[i] = decision.estimate_s
+        if decision.prefill is not None:
+            terms = decision.terms.get(f"{decision.instance}<-{decision.prefill}")
+            if terms is not None and "transfer_s" in terms:
+                self.transfer_estimate[i] = terms["transfer_s"]
         self.reasons[decision.reason] += 1
 
     def prefilled(self, i: int, cached: int) -> None:

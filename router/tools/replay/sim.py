@@ -7,13 +7,16 @@ booked load rises and falls as it does in the router. The engines are the emulat
 ``Engine`` objects stepping in virtual time, each independently: an engine with work
 runs one step at a time and its next step starts when the previous one ends.
 
-A disaggregated request mirrors the HTTP emulator's vLLM handoff: the prefill engine runs
-it with ``max_tokens=1`` and keeps its KV pinned; at that first token the decode engine's
-local prefix hit is measured and the KV it lacks (all prompt tokens but the last) crosses
-the link in ``kv_transfer_time``; then the decode engine gets the request with
-``kv_ready_tokens = prompt - 1`` and the prefill engine unpins. (The HTTP emulator unpins
-at the start of the pull; here the source blocks stay pinned until the bytes have moved,
-as a real NIXL read needs. Concurrent transfers do not share bandwidth, as there.)
+A disaggregated request mirrors the HTTP emulator's handoff: the prefill engine runs it
+with ``max_tokens=1`` and keeps its KV pinned; the KV the decode engine lacks (all prompt
+tokens but the last, less its local prefix hit) crosses the sender's NIC and the
+receiver's (and both zone uplinks across zones), shared with every other transfer on them
+(router.tools.emulator.links); then the decode engine gets the request with
+``kv_ready_tokens = prompt - 1`` and the prefill engine unpins. vLLM sends everything once
+the prefill finished; SGLang streams each chunk as soon as a prefill step computed it, so
+the transfer overlaps the prefill. While a NIC moves KV, its engine's steps slow by
+``transfer_interference`` (isolation). (The source blocks stay pinned until the bytes
+have moved, as a real NIXL read needs.)
 
 Events are a heap of (time, seq, kind, payload) merged with the sorted arrivals; at equal
 times arrivals come first, so requests arriving together can share an engine's next step.
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from router.config.model import HashingConfig, StateConfig
-from router.tools.emulator.perf import kv_transfer_time
+from router.tools.emulator.links import Fabric
 from router.tools.emulator.request import EngineRequest, EventKind, StepOutput
 from router.scheduling.framework import Policy, RouteRequest
 from router.tools.replay.cluster import ClusterSpec, Node, build_cluster
@@ -40,7 +43,7 @@ from router.state.base import StateStore
 from router.state.memory import MemoryStore
 
 T = TypeVar("T")
-_STEP_END, _TRANSFER_END, _KICK = 0, 1, 2
+_STEP_END, _TRANSFER_END, _KICK, _LINK = 0, 1, 2, 3
 _FIRST, _TOKEN = EventKind.FIRST_TOKEN, EventKind.TOKEN
 
 
@@ -67,6 +70,9 @@ class Flight:
     prefill: Node | None  # remote prefill engine, when disaggregated
     request: EngineRequest  # on the engine that currently has it
     max_tokens: int
+    sent: int = -1  # prompt tokens handed to the link so far; -1 = transfer not started
+    source: EngineRequest | None = None  # the prefill engine's request, while it prefills
+    prefilled_at: float = 0.0
 
 
 class Simulation:
@@ -93,7 +99,15 @@ class Simulation:
             self.store = self.feeds.store(self.store, caps, self._clock)
         self._prompts = PromptBuilder(trace.block_tokens, hashing, model)
         self._profile = spec.perf()
-        self._link_gbps = spec.link()
+        self._kv_bytes = spec.kv_bytes_per_token()
+        self._streams = spec.flavor == "sglang"
+        self._slowdown = 1.0 + spec.transfer_interference
+        nic, uplink = spec.link() * 1e9 / 8, spec.uplink() * 1e9 / 8
+        capacity: dict[Any, float] = {("nic", n.id): nic for n in self.nodes}
+        capacity.update({("uplink", n.candidate.zone): uplink for n in self.nodes})
+        self.fabric = Fabric(capacity)
+        self._link_version = 0
+        self._streaming: dict[int, list[Flight]] = {}  # prefill node -> its PD flights
         span = trace.requests[-1].arrival_s if trace.requests else 0.0
         self.record = Recorder(len(trace.requests), [n.id for n in self.nodes], bucket_s or max(1.0, span / 100))
         self._flights: dict[str, Flight] = {}
@@ -124,6 +138,9 @@ class Simulation:
                 self._step_end(*payload)
             elif kind == _TRANSFER_END:
                 self._transfer_end(payload)
+            elif kind == _LINK:
+                if payload == self._link_version:
+                    self._links_due()
             else:
                 payload.kick_pending = False
                 self._step(payload)
@@ -136,6 +153,7 @@ class Simulation:
         if t < self.now:
             raise AssertionError(f"virtual time went backwards: {t} after {self.now}")
         self.now = t
+        self.fabric.advance(t)
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1
@@ -151,6 +169,7 @@ class Simulation:
     def _step(self, node: Node) -> None:
         if node.busy or not node.engine.has_work():
             return
+        node.engine.transfer_slowdown = self._slowdown if self.fabric.busy(("nic", node.id)) else 1.0
         out = node.engine.step(self.now)
         if self.feeds is not None:
             self.feeds.after_step(node.engine)
@@ -162,6 +181,10 @@ class Simulation:
 
     def _step_end(self, node: Node, out: StepOutput) -> None:
         node.busy = False
+        if self._streams and out.shape.prefill_tokens:
+            for flight in self._streaming.get(node.index, ()):
+                assert flight.source is not None
+                self._stream(flight, flight.source, seal=False)
         if out.shape.prefill_tokens:  # first tokens come only from prefill chunks, listed first
             for ev in out.events:
                 if ev.kind is _TOKEN:
@@ -197,7 +220,10 @@ class Simulation:
         else:
             er = EngineRequest(req.id, tokens, 1, hold_on_finish=True)
             target = prefill
-        self._flights[req.id] = Flight(i, routed, answer, prefill, er, tr.output_tokens)
+        flight = Flight(i, routed, answer, prefill, er, tr.output_tokens, source=er if prefill is not None else None)
+        self._flights[req.id] = flight
+        if prefill is not None:
+            self._streaming.setdefault(prefill.index, []).append(flight)
         target.engine.add_request(er, self.now)
         self._kick(target)
 
@@ -221,19 +247,57 @@ class Simulation:
         run_sync(self.store.release(flight.routed.booking))
 
     def _start_transfer(self, flight: Flight, prefilled: EngineRequest) -> None:
+        """The prefill finished: whatever of the KV has not left yet goes now."""
+        assert flight.prefill is not None
         self.record.prefilled(flight.index, prefilled.num_cached)
-        decode = EngineRequest(prefilled.request_id, prefilled.prompt, flight.max_tokens)
-        decode.hashes = prefilled.hashes  # same block size and salt on every engine: same hashes
+        flight.prefilled_at = self.now
+        self._streaming[flight.prefill.index].remove(flight)
+        self._stream(flight, prefilled, seal=True)
+        flight.source = None
+
+    def _stream(self, flight: Flight, prefilled: EngineRequest, seal: bool) -> None:
+        """Hand the link the prompt tokens computed so far that D lacks (all of them at
+        ``seal``); the first call measures D's local hit and opens the transfer."""
+        assert flight.prefill is not None
         ready = prefilled.prompt_len - 1
-        moved = max(0, ready - flight.answer.engine.local_hit_tokens(decode))
-        self.record.moved[flight.index] = moved
-        decode.kv_ready_tokens = ready
-        flight.request = decode
-        seconds = kv_transfer_time(self._profile, moved, self._link_gbps, self.spec.transfer_latency_s)
-        self._push(self.now + seconds, _TRANSFER_END, flight)
+        rid = prefilled.request_id
+        if flight.sent < 0:
+            if not seal and prefilled.num_computed <= 0:
+                return
+            decode = EngineRequest(rid, prefilled.prompt, flight.max_tokens)
+            decode.hashes = prefilled.hashes  # same block size and salt on every engine: same hashes
+            decode.kv_ready_tokens = ready
+            flight.sent = min(ready, flight.answer.engine.local_hit_tokens(decode))
+            self.record.moved[flight.index] = ready - flight.sent
+            src, dst = flight.prefill.candidate, flight.answer.candidate
+            links: list[Any] = [("nic", src.id), ("nic", dst.id)]
+            if src.zone != dst.zone:
+                links += [("uplink", src.zone), ("uplink", dst.zone)]
+            self.fabric.start(rid, links)
+            flight.request = decode  # the prefill engine keeps its own request object
+        upto = ready if seal else min(ready, prefilled.num_computed)
+        grow = max(0, upto - flight.sent)
+        flight.sent = max(flight.sent, upto)
+        if grow or seal:
+            self.fabric.grow(rid, grow * self._kv_bytes, seal=seal)
+            self._reschedule_links()
+
+    def _reschedule_links(self) -> None:
+        self._link_version += 1
+        nxt = self.fabric.next_done()
+        if nxt is not None:
+            self._push(max(self.now, nxt[0]), _LINK, self._link_version)
+
+    def _links_due(self) -> None:
+        """Finish every transfer whose last byte moved (the setup latency still to pay)."""
+        for t in [t for t in self.fabric.transfers.values() if t.done]:
+            self.fabric.finish(t.id)
+            self._push(self.now + self.spec.transfer_latency_s, _TRANSFER_END, self._flights[str(t.id)])
+        self._reschedule_links()
 
     def _transfer_end(self, flight: Flight) -> None:
         assert flight.prefill is not None
+        self.record.handoff[flight.index] = self.now - flight.prefilled_at
         flight.prefill.engine.release_held(flight.request.request_id)
         self._kick(flight.prefill)
         flight.answer.engine.add_request(flight.request, self.now)

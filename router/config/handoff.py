@@ -1,0 +1,25 @@
+"""How the router prices and books the KV handoff between prefill and decode instances.
+
+Kept apart from the PD pairing knobs because each field is one axis of the handoff:
+overlap (what of the transfer hides behind the prefill), isolation (booking bytes per
+link so transfers do not saturate a NIC the decode steps share). (Compression needs no
+knob: bytes per token follow each instance's kv_dtype.)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class HandoffConfig(BaseModel):
+    """pd.handoff: how the KV transfer of a (P, D) pair is priced and booked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    overlap_chunk_tokens: int = Field(default=8192, ge=1, description="SGLang streams KV per prefill chunk of this "
+                                      "many tokens, so only the last chunk's transfer adds to TTFT (vLLM pulls after the prefill)")
+    link_aware: bool = Field(default=False, description="book KV bytes in flight per instance NIC and price waiting for them")
+    nic_gbps: float | None = Field(default=None, gt=0, description="each instance's NIC, Gbit/s; None = the topology link")
+    max_link_backlog_s: float = Field(default=0.05, ge=0, description="with link_aware: pairs whose NIC (either end) "
+                                      "already has more booked bytes than this many seconds of its bandwidth are "
+                                      "avoided while another pair is under it (bandwidth reservation)")

@@ -1,0 +1,25 @@
+"""Smoke tests of loadtests/handoff_bench.py: a clear message without the trace, a burst that bursts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # loadtests/ is not an installed package
+
+from loadtests.handoff_bench import burst_trace  # noqa: E402
+
+
+def test_a_missing_trace_is_reported_with_where_traces_live(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "loadtests" / "handoff_bench.py"), "estimate",
+                          "--trace", str(tmp_path / "absent.jsonl")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "../shared/traces" in out.stderr
+
+
+def test_the_burst_packs_its_long_prompts_into_half_a_second() -> None:
+    trace = burst_trace(8, 20_000, 20, 0)
+    long = [r for r in trace.requests if r.input_tokens == 20_000]
+    assert len(long) == 8 and max(r.arrival_s for r in long) - min(r.arrival_s for r in long) <= 0.5
+    assert len({r.blocks[0] for r in long}) == 8  # unique prompts: nothing to reuse, everything to move
