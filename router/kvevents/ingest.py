@@ -155,20 +155,23 @@ class KVEventIngest:
 
     # -- discovery -----------------------------------------------------------------------
     async def _discover_loop(self) -> None:
-        pending = [inst for inst in self._pool]
-        while pending:
-            left = []
-            for inst in pending:
+        """Subscribe every instance of the pool, those that join later too (discovery, the
+        admin API): the pool is looked at again every ``discover_interval_s``. A source stays
+        once opened (ZMQ reconnects to an instance that comes back at the same address)."""
+        done: set[str] = set()  # subscribed, or refused for good
+        while True:
+            for inst in list(self._pool):
+                if inst.id in done:
+                    continue
                 try:
                     await self._subscribe(inst.id, inst.url, inst.config.model)
+                    done.add(inst.id)
                 except DiscoveryError as exc:
                     log.info("kv events of %s not subscribed yet: %s", inst.id, exc)
-                    left.append(inst)
                 except (zmq.ZMQError, ValueError) as exc:  # e.g. the port to bind is taken: say so, keep going
                     log.error("kv events of %s cannot be subscribed: %s; its residency stays approximate", inst.id, exc)
-            pending = left
-            if pending:
-                await asyncio.sleep(self._kv.discover_interval_s)
+                    done.add(inst.id)
+            await asyncio.sleep(self._kv.discover_interval_s)
 
     async def _subscribe(self, instance: str, url: str, model: str | None) -> None:
         assert self._client is not None

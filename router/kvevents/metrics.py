@@ -24,12 +24,12 @@ class KVEventsCollector:
         self._store = store
 
     def collect(self) -> Iterator[Metric]:
-        events = CounterMetricFamily("pd_router_kv_events", "KV events applied, by instance", labels=["instance"])
-        batches = CounterMetricFamily("pd_router_kv_event_batches", "KV-event batches received", labels=["instance"])
+        events = CounterMetricFamily("pd_router_kv_events", "KV events applied, by instance", labels=["engine"])
+        batches = CounterMetricFamily("pd_router_kv_event_batches", "KV-event batches received", labels=["engine"])
         blocks = CounterMetricFamily("pd_router_kv_event_blocks", "Engine blocks in KV events by outcome",
-                                     labels=["instance", "op"])
+                                     labels=["engine", "op"])
         stream = CounterMetricFamily("pd_router_kv_event_stream", "Sequence and resync happenings of KV-event streams",
-                                     labels=["instance", "kind"])
+                                     labels=["engine", "kind"])
         sums: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         for source in self._ingest.sources:
             acc = sums[source.spec.instance]
@@ -51,11 +51,11 @@ class KVEventsCollector:
         residency = self._ingest.residency
         fresh = GaugeMetricFamily("pd_router_kv_residency_fresh",
                                   "1 when an instance's residency comes from its KV events, 0 when it falls back to "
-                                  "routing history", labels=["instance"])
+                                  "routing history", labels=["engine"])
         held = GaugeMetricFamily("pd_router_kv_residency_blocks", "Engine blocks the KV events say an instance holds",
-                                 labels=["instance"])
+                                 labels=["engine"])
         overflow = CounterMetricFamily("pd_router_kv_residency_overflow",
-                                       "Engine blocks forgotten because an instance's table was full", labels=["instance"])
+                                       "Engine blocks forgotten because an instance's table was full", labels=["engine"])
         for inst in residency.instances():
             tables = residency.tables(inst).values()
             fresh.add_metric([inst], 1 if residency.is_fresh(inst) else 0)

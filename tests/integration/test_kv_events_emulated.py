@@ -72,8 +72,8 @@ def test_residency_from_discovered_events_routes_to_the_engine_that_holds_the_pr
         assert len(recent(engine.url)) == 4
         assert all(rec["cached_tokens"] >= (n // 16 - 1) * 16 for rec in recent(engine.url)[1:])
         metrics = httpx.get(f"{url}/metrics").text
-        assert f'pd_router_kv_residency_fresh{{instance="{first}"}} 1.0' in metrics
-        assert 'pd_router_kv_event_stream_total{instance="a",kind="gaps"} 0.0' in metrics
+        assert f'pd_router_kv_residency_fresh{{engine="{first}"}} 1.0' in metrics
+        assert 'pd_router_kv_event_stream_total{engine="a",kind="gaps"} 0.0' in metrics
 
 
 def test_a_block_evicted_on_the_engine_stops_being_counted():
@@ -126,3 +126,20 @@ def test_an_engine_whose_publisher_connects_reaches_the_socket_the_router_binds(
             time.sleep(0.05)
         assert httpx.post(f"{url}/v1/completions", json=completion(prompt), timeout=30).status_code == 200
         wait_for(lambda: ingest.residency.matched(keys, ["e"]).get("e") == n // 16)
+
+
+def test_an_instance_that_joins_later_is_subscribed_too():
+    with ExitStack() as stack:
+        base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0")
+        a = stack.enter_context(start_in_thread(base.replace(engine_id="a")))
+        b = stack.enter_context(start_in_thread(base.replace(engine_id="b")))
+        config = router_for({"a": a})
+        config.server.admin_token = "t0ken"
+        app = create_app(config)
+        url = stack.enter_context(serve_app(app))
+        ingest = app.state.kv_events
+        wait_for(lambda: {s.spec.instance for s in ingest.sources} == {"a"})
+        r = httpx.post(f"{url}/admin/instances", json={"url": b.url, "name": "b", "model": "m"},
+                       headers={"authorization": "Bearer t0ken"})
+        assert r.status_code == 201, r.text
+        wait_for(lambda: {s.spec.instance for s in ingest.sources} == {"a", "b"})  # found through its own /kv_event_sources
