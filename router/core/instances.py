@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from router.config.model import Compat, HealthConfig, InstanceConfig, RouterConfig
@@ -55,6 +55,8 @@ class Instance:
     factor: float = 1.0  # calibrated slowdown of the prefill rate
     declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
     outlier: Outlier = field(default_factory=Outlier)  # passive record; ``healthy`` is the active checks' verdict
+    # called once when the active checks take it out: attempts still waiting on it give up then
+    on_down: set[Callable[[], None]] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def id(self) -> str:
@@ -288,3 +290,6 @@ class InstancePool:
         if inst.healthy and (fatal or inst.failures >= self._health.failures_to_unhealthy):
             inst.healthy = False
             log.warning("instance %s marked unhealthy after %d failure(s)", inst.id, inst.failures)
+            waiting, inst.on_down = inst.on_down, set()
+            for give_up in waiting:
+                give_up()

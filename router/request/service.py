@@ -12,12 +12,13 @@ are hooks on the attempt's lifecycle (router/request/lifecycle.py, hooks.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -99,6 +100,21 @@ def transport_failure(instance: str, exc: httpx.TransportError) -> RouterError |
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamTimeout(f"instance {instance} did not answer in time")
     return UpstreamFailure(f"instance {instance} failed before answering ({type(exc).__name__})")
+
+
+@contextlib.contextmanager
+def give_up_when_down(inst: Instance, deadline: asyncio.Timeout) -> Iterator[None]:
+    """While the block waits on ``inst``, the active checks taking it out end the wait at once,
+    as a timeout: a hung engine's JSON answer (whose headers come with its last byte) is then
+    retried elsewhere instead of waiting out ``proxy.request_timeout_s``."""
+    def give_up() -> None:
+        deadline.reschedule(asyncio.get_running_loop().time())
+
+    inst.on_down.add(give_up)
+    try:
+        yield
+    finally:
+        inst.on_down.discard(give_up)
 
 
 class RouterService:
@@ -290,8 +306,10 @@ class RouterService:
                          stream: bool) -> AttemptOutcome:
         inst = attempt.instance
         try:
-            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if stream else None):
-                upstream = await self.upstream.send(inst.url + path, raw, headers, self.stream_timeout if stream else self.timeout)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if stream else None) as deadline:
+                with give_up_when_down(inst, deadline):
+                    upstream = await self.upstream.send(inst.url + path, raw, headers,
+                                                        self.stream_timeout if stream else self.timeout)
                 return await self._respond(upstream, attempt, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, inst, exc)
@@ -304,11 +322,12 @@ class RouterService:
         assert prefill is not None
         legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background)
         try:
-            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if parsed.stream else None):
-                if decode.config.flavor == "sglang":
-                    result = await run_sglang(legs, parsed.body, self.rng)
-                else:
-                    result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
+            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if parsed.stream else None) as deadline:
+                with give_up_when_down(decode, deadline):
+                    if decode.config.flavor == "sglang":
+                        result = await run_sglang(legs, parsed.body, self.rng)
+                    else:
+                        result = await run_vllm(legs, parsed.body, self.config.pd.vllm_min_tokens)
                 if result.missing_kv_params:
                     self.metrics.pd_failures.labels(prefill.id, "no_kv_transfer_params").inc()
                 attempt.prefill_s = result.prefill_s

@@ -170,3 +170,21 @@ def test_a_client_gone_during_its_body_logs_no_error(caplog):
         assert httpx.post(f"{url}/v1/completions", json=BODY).status_code == 200
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
     assert good.received and len(good.received) == 1
+
+
+def test_a_json_request_to_an_engine_that_hangs_is_retried_once_the_checks_take_it_out(emulators):
+    """Finding 9, non-streamed: a JSON answer's headers come with its last byte, so no first-byte
+    timeout can tell a hung engine from a long answer; the active checks can, and then the
+    request waiting on it is retried elsewhere instead of waiting out request_timeout_s."""
+    hung = emulators(faults=FaultConfig(stall_rate=1.0, stall_seconds=0, unhealthy=True))
+    good = emulators()
+    instances = [{"url": hung.url, "name": "a-hung"}, {"url": good.url, "name": "b-good"}]
+    with router(instances, policy={"name": "round_robin", "seed": 1},
+                health={"interval_s": 0.2, "timeout_s": 0.2, "failures_to_unhealthy": 2}) as (url, app):
+        app.state.pool.get("a-hung").healthy = True  # as if it hung after its last good check
+        started = time.monotonic()
+        r = httpx.post(f"{url}/v1/completions", json=BODY, timeout=30)  # round robin: a-hung first
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - started < 5
+        assert app.state.pool.get("a-hung").healthy is False
+        assert httpx.get(f"{good.url}/emulator/stats").json()["requests"]["finished"] == 1  # served there
