@@ -33,7 +33,7 @@ from router.core.instances import STATIC, Change, Instance, InstancePool
 from router.core.metrics import Metrics
 from router.discovery import start_sources
 from router.request.service import RouterService
-from router.scheduling import Policy, build_policy, check_config
+from router.scheduling import Policy, check_config
 from router.state.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,12 @@ def _fingerprint(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _plain_policy(config: RouterConfig, disaggregated: bool) -> Policy:
-    return build_policy(config.policy, config.pd if disaggregated else None)
-
-
 class Live:
     def __init__(self, config: RouterConfig, pool: InstancePool, store: StateStore, checker: HealthChecker,
                  service: RouterService, metrics: Metrics, options: LiveOptions,
-                 make_policy: Callable[[RouterConfig, bool], Policy] | None = None) -> None:
+                 make_policy: Callable[[RouterConfig, bool], Policy]) -> None:
         self.config = config
-        self._make_policy = make_policy or _plain_policy
+        self._make_policy = make_policy  # the app's: the policy as the app built it, for a new config
         self.pool = pool
         self.store = store
         self.checker = checker
