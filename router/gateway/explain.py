@@ -21,7 +21,8 @@ from router.core.errors import NoCapacity, NoRoute, bad_request
 from router.scheduling.framework import Decision
 from router.request.prompt import Endpoint, parse_body
 from router.request.keys import route_request
-from router.request.service import RouterService, read_body
+from router.request.inputs import read_body
+from router.request.service import RouterService
 
 
 async def explain(svc: RouterService, request: Request) -> dict[str, Any]:

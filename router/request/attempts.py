@@ -7,11 +7,16 @@ a RouterError. Typed so the retry loop reads what happened rather than decoding 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import httpx
 from starlette.responses import Response
 
-from router.core.errors import RouterError
+from router.core.errors import RouterError, UpstreamFailure, UpstreamTimeout
+from router.core.instances import Instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +62,27 @@ class Tried:
         if self.last is not None and self.last.failure is not None:
             return self.last.failure
         return otherwise
+
+
+def transport_failure(instance: str, exc: httpx.TransportError) -> RouterError | None:
+    """What the client gets for ``exc`` if no other instance can take over (None: no capacity)."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return None  # never reached the instance: nothing healthy left, not an engine failure
+    if isinstance(exc, httpx.TimeoutException):
+        return UpstreamTimeout(f"instance {instance} did not answer in time")
+    return UpstreamFailure(f"instance {instance} failed before answering ({type(exc).__name__})")
+
+
+@contextlib.contextmanager
+def give_up_when_down(inst: Instance, deadline: asyncio.Timeout) -> Iterator[None]:
+    """While the block waits on ``inst``, the active checks taking it out end the wait at once,
+    as a timeout: a hung engine's JSON answer (whose headers come with its last byte) is then
+    retried elsewhere instead of waiting out ``proxy.request_timeout_s``."""
+    def give_up() -> None:
+        deadline.reschedule(asyncio.get_running_loop().time())
+
+    inst.on_down.add(give_up)
+    try:
+        yield
+    finally:
+        inst.on_down.discard(give_up)

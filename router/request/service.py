@@ -12,13 +12,11 @@ are hooks on the attempt's lifecycle (router/request/lifecycle.py, hooks.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import math
 import random
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -27,32 +25,25 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.config.model import RouterConfig
-from router.core.errors import (
-    InvalidRequest,
-    NoCapacity,
-    NoRoute,
-    PayloadTooLarge,
-    RouterError,
-    UpstreamFailure,
-    UpstreamTimeout,
-)
+from router.core.errors import NoCapacity, NoRoute, RouterError, UpstreamFailure, UpstreamTimeout
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
-from router.request.attempts import AttemptOutcome, Retry, Served, Tried
-from router.request.hooks import standard_hooks
-from router.request.keys import route_request
+from router.engines.book import EngineBook
 from router.request.admission import Admission
-from router.request.overload import HeldResponse, Overload
+from router.request.attempts import AttemptOutcome, Retry, Served, Tried, give_up_when_down, transport_failure
 from router.request.continuation import Continuation, continuable
+from router.request.hooks import standard_hooks
+from router.request.inputs import read_body, request_slo
+from router.request.keys import route_request
 from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
+from router.request.overload import HeldResponse, Overload
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id
+from router.request.tokenize import build_tokenizer
 from router.scheduling.calibration import Calibrator
-from router.scheduling.prune import Pruner
 from router.scheduling.decide import Routed, decide
 from router.scheduling.framework import Policy, RouteRequest
-from router.engines.book import EngineBook
-from router.request.tokenize import build_tokenizer
+from router.scheduling.prune import Pruner
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
@@ -64,57 +55,6 @@ PATHS: dict[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/cha
 # An engine answering one of these before any byte is retried elsewhere when it can be; the
 # class is what the client gets when it cannot.
 RETRY_STATUSES: dict[int, type[RouterError]] = {502: UpstreamFailure, 503: NoCapacity, 504: UpstreamTimeout}
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def request_slo(request: Request, default: float | None) -> float | None:
-    raw = request.headers.get("x-ttft-slo-ms")
-    if raw is None:
-        return default
-    try:
-        value = float(raw) / 1000
-    except ValueError:
-        raise InvalidRequest("header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
-    if not math.isfinite(value) or value <= 0:  # nan compares false with everything: it would disable the check
-        raise InvalidRequest("header x-ttft-slo-ms must be positive", code="invalid_header")
-    return value
-
-
-def transport_failure(instance: str, exc: httpx.TransportError) -> RouterError | None:
-    """What the client gets for ``exc`` if no other instance can take over (None: no capacity)."""
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return None  # never reached the instance: nothing healthy left, not an engine failure
-    if isinstance(exc, httpx.TimeoutException):
-        return UpstreamTimeout(f"instance {instance} did not answer in time")
-    return UpstreamFailure(f"instance {instance} failed before answering ({type(exc).__name__})")
-
-
-@contextlib.contextmanager
-def give_up_when_down(inst: Instance, deadline: asyncio.Timeout) -> Iterator[None]:
-    """While the block waits on ``inst``, the active checks taking it out end the wait at once,
-    as a timeout: a hung engine's JSON answer (whose headers come with its last byte) is then
-    retried elsewhere instead of waiting out ``proxy.request_timeout_s``."""
-    def give_up() -> None:
-        deadline.reschedule(asyncio.get_running_loop().time())
-
-    inst.on_down.add(give_up)
-    try:
-        yield
-    finally:
-        inst.on_down.discard(give_up)
 
 
 class RouterService:
