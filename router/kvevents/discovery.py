@@ -1,7 +1,10 @@
 """Find where each instance publishes its KV events, from config or from the engine.
 
-vLLM 0.32 answers ``GET /kv_event_sources`` with a JSON array, one entry per
-data-parallel rank: ``{"data_parallel_rank", "endpoint", "replay_endpoint", "topic"}``.
+vLLM 0.32 answers ``GET /kv_event_sources`` with a JSON object keyed by data-parallel
+rank, each value that rank's publisher config (``{"0": {"enable_kv_cache_events": true,
+"publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": ..., "topic": "kv",
+...}}``, seen from a real engine); a list of entries that carry
+``data_parallel_rank`` themselves is read too.
 The endpoint is the publisher's own setting, so it says which side binds: vLLM binds
 when the host is ``*`` or ``::`` (or for ipc), and then the router connects to the
 instance's host on that port; a named host means the publisher connects there, so the
@@ -73,7 +76,9 @@ def spec_from_config(instance: str, url: str, model: str, cfg: KVEventSourceConf
 def specs_from_answer(instance: str, url: str, model: str, body: Any) -> list[SourceSpec]:
     """Source specs from a ``/kv_event_sources`` answer."""
     entries = body.get("sources", body) if isinstance(body, dict) else body
-    if isinstance(entries, dict):
+    if isinstance(entries, dict) and entries and all(isinstance(k, str) and k.isdigit() for k in entries):
+        entries = [{**v, "data_parallel_rank": int(k)} for k, v in entries.items() if isinstance(v, dict)]
+    elif isinstance(entries, dict):
         entries = [entries]
     if not isinstance(entries, list):
         raise DiscoveryError("kv_event_sources is not a list")

@@ -143,7 +143,9 @@ async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout_s:
     """Ask a publisher's replay (ROUTER) socket for every batch from ``start`` on.
 
     The request is the 8-byte big-endian start sequence (after an empty delimiter
-    frame); the answer is ``(sequence, payload)`` messages ending with sequence -1."""
+    frame); the answer is one message per batch, ``[topic, sequence, payload]`` as vLLM
+    0.32 sends them (``[sequence, payload]`` from publishers without the topic frame),
+    ending with sequence -1."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     out: list[tuple[int, bytes]] = []
@@ -157,10 +159,12 @@ async def replay(ctx: zmq.asyncio.Context, endpoint: str, start: int, timeout_s:
             if left <= 0 or not await sock.poll(timeout=left * 1000):
                 log.warning("kv event replay from %s timed out after %d batches", endpoint, len(out))
                 return None
-            frames = [f for f in await sock.recv_multipart()]
-            while frames and frames[0] == b"":
-                frames.pop(0)
-            if len(frames) < 1:
+            frames = await sock.recv_multipart()
+            if frames and frames[0] == b"":
+                frames = frames[1:]  # the ROUTER's delimiter
+            if len(frames) == 3:  # vLLM 0.32: [topic, seq, payload]; its end marker has an empty topic
+                frames = frames[1:]
+            if not frames:
                 continue
             seq = decode_seq(frames[0])
             if seq == _END:

@@ -120,6 +120,39 @@ def test_discovery_answers_say_which_side_binds():
         specs_from_answer("a", url, "m", [])
 
 
+def test_discovery_reads_vllm_032s_answer_keyed_by_rank():
+    """As a real vLLM 0.32 engine answered (tests/realvllm checks it against one)."""
+    answer = {"0": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:18732",
+                    "replay_endpoint": "tcp://*:18733", "buffer_steps": 10000, "hwm": 100000,
+                    "max_queue_size": 100000, "topic": "kv"},
+              "1": {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:18734", "topic": "kv"}}
+    specs = specs_from_answer("a", "http://10.1.2.3:8000", "m", answer)
+    assert [(s.dp_rank, s.endpoint, s.replay_endpoint, s.topic) for s in specs] == [
+        (0, "tcp://10.1.2.3:18732", "tcp://10.1.2.3:18733", "kv"), (1, "tcp://10.1.2.3:18734", None, "kv")]
+    with pytest.raises(Exception):
+        specs_from_answer("a", "http://10.1.2.3:8000", "m", {})  # what vLLM answers with events off
+
+
+async def test_replay_reads_vllm_032s_frames_with_a_topic():
+    """vLLM 0.32's ROUTER sends [id, b"", topic, seq, payload] and ends with [id, b"", b"", -1, b""]."""
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    async def serve() -> None:
+        ident, _, start = await router.recv_multipart()
+        for seq in range(int.from_bytes(start, "big"), 3):
+            await router.send_multipart([ident, b"", b"kv", seq.to_bytes(8, "big"), b"payload%d" % seq])
+        await router.send_multipart([ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    task = asyncio.create_task(serve())
+    try:
+        assert await replay(ctx, f"tcp://127.0.0.1:{port}", 1, timeout_s=5) == [(1, b"payload1"), (2, b"payload2")]
+    finally:
+        await task
+        ctx.destroy(linger=0)
+
+
 async def test_a_dropped_batch_is_replayed_over_real_sockets_and_the_instance_resyncs():
     log = KVEventLog(16)
     pub = KVEventPublisher(log, "tcp://*:0", replay_endpoint="tcp://*:0")

@@ -266,9 +266,9 @@ async def health(request: Request) -> Response:
 
 
 async def kv_event_sources(request: Request) -> Response:
-    """Where this engine publishes KV events (vLLM 0.32: a bare list, empty when off)."""
+    """Where this engine publishes KV events (vLLM 0.32: configs keyed by DP rank, {} when off)."""
     publisher = _runtime(request).kv_events
-    return JSONResponse(publisher.sources() if publisher is not None else [])
+    return JSONResponse(publisher.sources() if publisher is not None else {})
 
 
 async def version(request: Request) -> Response:

@@ -6,7 +6,7 @@ ipc, connecting when the endpoint names a host), messages ``[topic, 8-byte big-e
 sequence, msgpack batch]`` with the batch ``[ts, [events], data_parallel_rank]``, events
 as maps tagged by ``type`` (vLLM 0.32) or, on request, as positional arrays (older vLLM).
 An optional replay ROUTER socket answers ``[start sequence]`` with every buffered batch
-from there on, then sequence -1. The encoding here is written from the wire description,
+from there on (``[topic, sequence, payload]``), then sequence -1. The encoding here is written from the wire description,
 independently of the router's decoder, so the tests of one check the other.
 """
 
@@ -161,10 +161,11 @@ class KVEventPublisher:
             if not rest or len(rest[0]) != 8:
                 continue
             start = int.from_bytes(rest[0], "big", signed=True)
-            for seq, payload in list(self._buffer):
+            topic = self.topic.encode()
+            for seq, payload in list(self._buffer):  # as vLLM 0.32: [topic, seq, payload], end with an empty topic
                 if seq >= start:
-                    await self._replay.send_multipart([ident, b"", seq.to_bytes(8, "big"), payload])
-            await self._replay.send_multipart([ident, b"", _END, b""])
+                    await self._replay.send_multipart([ident, b"", topic, seq.to_bytes(8, "big"), payload])
+            await self._replay.send_multipart([ident, b"", b"", _END, b""])
 
     async def stop(self) -> None:
         self.events.on_first = None
@@ -176,7 +177,9 @@ class KVEventPublisher:
             self._ctx.destroy(linger=0)
             self._ctx = None
 
-    def sources(self) -> list[dict[str, Any]]:
-        """The ``GET /kv_event_sources`` answer (vLLM 0.32's shape: one entry per DP rank)."""
-        return [{"data_parallel_rank": self.dp_rank, "endpoint": self.endpoint,
-                 "replay_endpoint": self.replay_endpoint, "topic": self.topic}]
+    def sources(self) -> dict[str, dict[str, Any]]:
+        """The ``GET /kv_event_sources`` answer in vLLM 0.32's shape: the publisher config
+        keyed by DP rank (a JSON object, so the rank is a string)."""
+        return {str(self.dp_rank): {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": self.endpoint,
+                                    "replay_endpoint": self.replay_endpoint,
+                                    "buffer_steps": self._buffer.maxlen, "topic": self.topic}}
