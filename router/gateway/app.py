@@ -35,6 +35,7 @@ from router.gateway.explain import explain
 from router.request.admission import Admission
 from router.request.lifecycle import Hook
 from router.kvevents import precise_store
+from router.kvevents.describe import describe as describe_kv_events
 from router.request.service import RouterService
 from router.scheduling import Policy, build_policy
 from router.state.base import StateStore
@@ -240,6 +241,14 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                 for i in pool
             ],
         }
+
+    @app.get("/debug/kv_events")
+    async def debug_kv_events(request: Request) -> dict[str, Any]:
+        """Each KV-event source: in sync or not, the last sequence applied, what its events did."""
+        require_admin(request)
+        if kv_ingest is None:
+            return {"enabled": False, "sources": [], "instances": {}}
+        return {"enabled": True, **describe_kv_events(kv_ingest)}
 
     install_admin(app, require_admin)
     install_openapi(app)

@@ -2,7 +2,8 @@
 
 It runs the very policy object the router uses on a read-only snapshot of the same state,
 so what it shows is what the router would do (up to the random choice among near-ties,
-which it lists as ``acceptable``). Every policy is a pipeline of plugins, so every one is
+which it lists as ``acceptable``): the same admission checks, and in token mode the same
+tokenizer, so the keys and the token count are the request path's own. Every policy is a pipeline of plugins, so every one is
 explained the same way: its plugins, then per route the score of each scorer, the cost
 terms of the scorers that price routes, the total the picker saw, or the filter that
 dropped the route; a two-profile policy shows the same for each profile.
@@ -33,6 +34,10 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
     except (ValueError, TypeError):
         raise bad_request("request body is not valid JSON", code="invalid_json") from None
     parsed = parse_body(raw, endpoint, svc.config.hashing.chars_per_token)
+    svc.admission.check(parsed)
+    if svc.tokenizer is not None:  # token mode: the very keys (and exact count) the request path computes
+        parsed = await svc.tokenizer.apply(parsed)
+        svc.admission.check(parsed)
     req = route_request(parsed, svc.config.hashing, uuid.uuid4().hex, svc.config.policy.default_max_tokens)
     instances = svc.candidates(parsed.model)
     candidates = [i.candidate for i in instances]
@@ -46,7 +51,8 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
         "policy": svc.policy.name,
         "pipeline": describe() if describe is not None else None,
         "request": {"prompt_tokens": req.prompt_tokens, "max_tokens": req.max_tokens, "blocks": len(req.keys),
-                    "block_tokens": req.block_tokens, "endpoint": endpoint},
+                    "block_tokens": req.block_tokens, "endpoint": endpoint,
+                    "keys": "tokens" if parsed.tokens is not None else "chars"},
         **explain_decision(decision),
         "candidates": [
             {"id": c.id, "role": c.role, "matched_blocks": snap.matched.get(c.id, 0),

@@ -5,7 +5,10 @@ From facts the poller already holds (no I/O here): a model no instance serves ge
 gets 400 (``context_length_exceeded``), before anything is booked or sent. Both only
 when certain: an instance whose facts are unknown may serve anything, and a text
 prompt's token count is bounded from below (characters / the most bytes one token can
-cover), so a request that fits is never refused here; the engine stays the judge.
+cover), so a request that fits is never refused here; the engine stays the judge. In
+token mode the request path checks again once the prompt is tokenized (the engine's own
+``/tokenize`` or its tokenizer.json, chat template applied): the first prompt's count is
+then exact, and a prompt the estimate let through is refused as the engine would.
 Rules as vLLM 0.32 applies them: the prompt alone must be shorter than max_model_len,
 and max_tokens may not exceed it (prompt + max_tokens over it is clamped, not refused).
 """
@@ -121,7 +124,12 @@ class Admission:
             raise InvalidRequest(f"max_tokens={parsed.max_tokens} is greater than this model's maximum context "
                               f"length of {limit} tokens", code="context_length_exceeded", param="max_tokens")
         tokens = prompt_tokens_at_least(parsed, self._bytes_per_token_max)
+        exact = parsed.tokens is not None and len(parsed.tokens) >= tokens
+        if exact:
+            assert parsed.tokens is not None
+            tokens = len(parsed.tokens)
         if tokens >= limit:
             where = "messages" if parsed.endpoint == "chat" else "prompt"
-            raise InvalidRequest(f"This model's maximum context length is {limit} tokens; the prompt has at least "
-                              f"{tokens} tokens, leaving no room for output", code="context_length_exceeded", param=where)
+            has = f"{tokens}" if exact else f"at least {tokens}"
+            raise InvalidRequest(f"This model's maximum context length is {limit} tokens; the prompt has {has} "
+                              "tokens, leaving no room for output", code="context_length_exceeded", param=where)

@@ -141,6 +141,7 @@ class RouterService:
         self.admission.check(parsed)  # unknown model 404, over-long prompt 400: what the engine would answer
         if self.tokenizer is not None:
             parsed = await self.tokenizer.apply(parsed)
+            self.admission.check(parsed)  # with the exact token count of the (first) prompt
         request_id = assign_request_id(request.scope)
         req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)

@@ -37,6 +37,7 @@ class VllmSpec:
 
     port: int
     kv_events_port: int
+    kv_replay_port: int | None = None  # the publisher's replay (ROUTER) socket, when set
     num_blocks: int = 64
     max_model_len: int = 4096
     max_num_seqs: int = 16
@@ -61,6 +62,11 @@ class VllmEngine:
         """Where a subscriber connects (the engine's publisher binds it)."""
         return f"tcp://127.0.0.1:{self.spec.kv_events_port}"
 
+    @property
+    def kv_replay_endpoint(self) -> str | None:
+        port = self.spec.kv_replay_port
+        return f"tcp://127.0.0.1:{port}" if port is not None else None
+
     def log_tail(self, limit: int = 4000) -> str:
         return read_tail(str(self.log_path), limit)
 
@@ -79,8 +85,10 @@ class VllmEngine:
 
 
 def command(python: str, model_dir: Path, spec: VllmSpec) -> list[str]:
-    kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
+    kv_events: dict[str, object] = {"enable_kv_cache_events": True, "publisher": "zmq",
                  "endpoint": f"tcp://*:{spec.kv_events_port}", "topic": "kv"}
+    if spec.kv_replay_port is not None:
+        kv_events["replay_endpoint"] = f"tcp://*:{spec.kv_replay_port}"
     return [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", SERVED_NAME, "--load-format", "dummy",

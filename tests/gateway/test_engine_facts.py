@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -119,3 +120,43 @@ def test_a_busy_engine_is_avoided_when_its_load_came_from_elsewhere() -> None:
         assert after[1 - cached_on] == before[1 - cached_on] + 1, (before, after)  # the idle one, cache or not
         for t in threads:
             t.join(timeout=120)
+
+
+# -- token mode: the exact count and the keys are the request path's own ---------------------------
+TOKEN_MODE = {"hashing": {"mode": "tokens", "tokens": {"source": "engine", "block_size": 32}}}
+
+
+def test_in_token_mode_the_exact_token_count_refuses_what_the_character_bound_let_through(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer
+
+    from router.tools.tiny_model import write_model
+
+    tokenizer = write_model(tmp_path) / "tokenizer.json"
+    prompt = "7, " * 1100  # 3,300 characters: at most 32 bytes a token bounds it at 104 tokens
+    counted = len(Tokenizer.from_file(str(tokenizer)).encode(prompt).ids)
+    assert counted >= 2048
+    file_mode = {"hashing": {"mode": "tokens", "tokens": {"source": "file", "path": str(tokenizer), "block_size": 32}}}
+    with routed(BASE, **file_mode) as (url, handles):
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+        assert r.json()["error"]["param"] == "prompt" and f"has {counted} tokens" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/debug/route", headers=AUTH, json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert generations(handles[0]) == 0  # refused before it was sent
+        fits = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "7, " * 300, "max_tokens": 2})
+        assert fits.status_code == 200, fits.text
+        assert generations(handles[0]) == 1
+
+
+def test_debug_route_in_token_mode_computes_the_keys_the_request_path_routed_on() -> None:
+    prompt = "Shared handbook of the parcel desk, chapter one. " * 30
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2}
+    with routed(BASE, BASE.replace(engine_id="e1"), **TOKEN_MODE) as (url, handles):
+        counted = httpx.post(f"{handles[0].url}/tokenize", json={"model": "tiny", "prompt": prompt}).json()["count"]
+        assert httpx.post(f"{url}/v1/completions", json=body).status_code == 200
+        served = next(f"e{i}" for i, h in enumerate(handles) if generations(h))
+        plan = httpx.post(f"{url}/debug/route", headers=AUTH, json=body).json()
+    assert (plan["request"]["keys"], plan["request"]["prompt_tokens"]) == ("tokens", counted)
+    assert plan["request"]["blocks"] == counted // 32
+    matched = {c["id"]: c["matched_blocks"] for c in plan["candidates"]}
+    assert matched[served] == counted // 32 and plan["chosen"]["instance"] == served  # the routed keys, met again

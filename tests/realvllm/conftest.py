@@ -9,6 +9,7 @@ Start-up is minutes, so the engines are started once per session, in parallel.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,7 +22,8 @@ from router.gateway.app import create_app
 from router.tools import realvllm
 from router.tools.tiny_model import write_model
 from servers import free_port, serve_app
-from vllm_rig import NUM_BLOCKS, TOKEN
+from vllm_rig import AUTH, NUM_BLOCKS, TOKEN
+
 STARTUP_TIMEOUT_S = float(os.environ.get("PD_ROUTER_VLLM_STARTUP_S", "420"))
 
 
@@ -55,7 +57,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def engines(vllm_python: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[realvllm.VllmEngine]]:
     logs = tmp_path_factory.mktemp("vllm-logs")
-    specs = [realvllm.VllmSpec(port=free_port(), kv_events_port=free_port(), num_blocks=NUM_BLOCKS) for _ in range(2)]
+    specs = [realvllm.VllmSpec(port=free_port(), kv_events_port=free_port(), kv_replay_port=free_port(),
+                               num_blocks=NUM_BLOCKS) for _ in range(2)]
     started = realvllm.start_all(vllm_python, tiny_model, specs, logs, timeout_s=STARTUP_TIMEOUT_S)
     try:
         yield started
@@ -76,6 +79,36 @@ def router(engines: list[realvllm.VllmEngine]) -> Iterator[str]:
     })
     with ExitStack() as stack:
         yield stack.enter_context(serve_app(create_app(config)))
+
+
+@pytest.fixture(scope="session")
+def precise_router(engines: list[realvllm.VllmEngine], tiny_model: Path) -> Iterator[str]:
+    """pd-router in token mode (the model's own tokenizer.json, the engines' 128-token blocks),
+    reading both engines' KV events: found through their ``/kv_event_sources``, resynced from
+    their replay buffers, so it knows what they hold whatever ran before it. Yielded once
+    both engines' residency is fresh."""
+    config = load_config(overrides={
+        "instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
+        "server": {"admin_token": TOKEN},
+        "health": {"interval_s": 2},
+        "engines": {"metrics_interval_s": 0.5},
+        "policy": {"seed": 1},
+        "hashing": {"mode": "tokens", "tokens": {"source": "file", "path": str(tiny_model / "tokenizer.json"),
+                                                 "block_size": 128}},
+        "kv_events": {"enabled": True, "discover_interval_s": 1},
+    })
+    with ExitStack() as stack:
+        url = stack.enter_context(serve_app(create_app(config)))
+        deadline = time.monotonic() + 60
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            while True:
+                doc = client.get(f"{url}/debug/kv_events", headers=AUTH).json()
+                if {s["instance"] for s in doc["sources"] if s["fresh"]} == {"vllm0", "vllm1"}:
+                    break
+                if time.monotonic() > deadline:
+                    pytest.fail(f"KV events of the real engines never in sync: {doc}")
+                time.sleep(0.1)
+        yield url
 
 
 @pytest.fixture

@@ -13,22 +13,12 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from kv_frames import FrameRecorder, decode, events, save
-from vllm_rig import AUTH, NUM_BLOCKS
+from vllm_rig import AUTH, NUM_BLOCKS, series, total
 from router.tools.realvllm import VllmEngine
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-
-
-def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
-
-
-def total(client: httpx.Client, engine: VllmEngine, name: str, **labels: str) -> float:
-    found = series(client.get(f"{engine.url}/metrics").text, name)
-    return sum(v for lab, v in found if all(lab.get(k) == want for k, want in labels.items()))
 
 
 def test_model_list_and_unknown_model_as_vllm(router: str, engines: list[VllmEngine], client: httpx.Client) -> None:

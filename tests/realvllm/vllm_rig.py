@@ -1,5 +1,22 @@
-"""Constants shared by the real-vLLM fixtures and tests."""
+"""Constants and small helpers shared by the real-vLLM fixtures and tests."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.tools.realvllm import VllmEngine
 
 TOKEN = "real"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 NUM_BLOCKS = 64  # x 128 tokens: small enough that a handful of long prompts evicts
+BLOCK = 128  # the CPU build's KV block size
+
+
+def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def total(client: httpx.Client, engine: VllmEngine, name: str, **labels: str) -> float:
+    found = series(client.get(f"{engine.url}/metrics").text, name)
+    return sum(v for lab, v in found if all(lab.get(k) == want for k, want in labels.items()))

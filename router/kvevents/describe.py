@@ -1,0 +1,30 @@
+"""What ingestion knows about each KV-event source, for ``GET /debug/kv_events``.
+
+An operator (or a test) asks: is this engine's residency from its events, how far has
+the router read its stream, and what did its events do. ``last_sequence`` compared with
+the publisher's own sequence says whether the router has caught up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from router.kvevents.ingest import KVEventIngest
+
+
+def describe(ingest: KVEventIngest) -> dict[str, Any]:
+    residency = ingest.residency
+    return {
+        "receive_errors": ingest.receive_errors,
+        "sources": [
+            {"instance": s.spec.instance, "dp_rank": s.spec.dp_rank, "endpoint": s.spec.endpoint, "bind": s.spec.bind,
+             "topic": s.spec.topic, "replay_endpoint": s.spec.replay_endpoint, "synced": s.synced,
+             "fresh": s.table.fresh, "last_sequence": s.last, "blocks": len(s.table),
+             "stream": dataclasses.asdict(s.counters), "applied": dataclasses.asdict(s.writer.counters)}
+            for s in ingest.sources
+        ],
+        "instances": {inst: {"fresh": residency.is_fresh(inst),
+                             "blocks": sum(len(t) for t in residency.tables(inst).values())}
+                      for inst in residency.instances()},
+    }
