@@ -7,7 +7,11 @@ The same traffic (caches reset between runs) goes through the router set up two 
 
 - ``config only``: instances given by URL alone, ``engines.poll: false`` — the router assumes
   the default 500K-token caches, as a new user's router would;
-- ``engine facts``: the same, reading the engines (capacity, block size, load).
+- ``engine facts``: the same, reading the engines (capacity, block size, load);
+- ``tokens, approximate`` (on request): engine facts plus token-mode keys over the
+  model's own tokenizer.json, residency still the router's routing history;
+- ``precise (KV events)``: token-mode keys and residency from the engines' own KV events,
+  found through ``/kv_event_sources`` and resynced from their replay buffers.
 
 Reported per run: the router's prediction (mean of pd_router_estimated_cached_prefix_ratio
 over requests), what the engines measured (mean per request of usage cached_tokens /
@@ -28,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,10 +46,34 @@ from router.tools import realvllm  # noqa: E402
 from router.tools.localrun import free_port, router_process  # noqa: E402
 from router.tools.tiny_model import corpus, write_model  # noqa: E402
 
-SETUPS = {
-    "config only": {"engines": {"poll": False}},
-    "engine facts": {"engines": {"poll": True}},
+ADMIN = "bench"
+SETUPS: dict[str, Callable[[Path], dict]] = {
+    "config only": lambda _model: {"engines": {"poll": False}},
+    "engine facts": lambda _model: {"engines": {"poll": True}},
+    # token-mode keys over the model's own tokenizer.json, no events: what exact keys alone buy
+    "tokens, approximate": lambda model: {"engines": {"poll": True}, "hashing": _tokens(model)},
+    # the same keys, residency from the engines' KV events (found through /kv_event_sources)
+    "precise (KV events)": lambda model: {"engines": {"poll": True}, "hashing": _tokens(model),
+                                          "kv_events": {"enabled": True, "discover_interval_s": 1}},
 }
+DEFAULT_SETUPS = ["config only", "engine facts", "precise (KV events)"]
+
+
+def _tokens(model: Path) -> dict:
+    return {"mode": "tokens", "tokens": {"source": "file", "path": str(model / "tokenizer.json"), "block_size": 128}}
+
+
+def wait_in_sync(url: str, instances: int, timeout_s: float = 60.0) -> None:
+    """Until every engine's residency comes from its events (a precise router only)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(trust_env=False, timeout=10, headers={"authorization": f"Bearer {ADMIN}"}) as client:
+        while True:
+            doc = client.get(url + "/debug/kv_events").json()
+            if not doc["enabled"] or sum(1 for s in doc["sources"] if s["fresh"]) >= instances:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"KV events never in sync: {doc}")
+            time.sleep(0.1)
 
 
 @dataclass
@@ -157,10 +186,11 @@ def main(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="pdr-realvllm-"))
     model = write_model(work / "model")
     specs = [realvllm.VllmSpec(port=free_port("127.0.0.1"), kv_events_port=free_port("127.0.0.1"),
-                               num_blocks=args.blocks, extra_args=("--enable-prompt-tokens-details",),
+                               kv_replay_port=free_port("127.0.0.1"), num_blocks=args.blocks, extra_args=("--enable-prompt-tokens-details",),
                                extra_env=(("VLLM_SERVER_DEV_MODE", "1"),)) for _ in range(2)]
     traffic = bodies(args)
     rows = []
+    load = os.getloadavg()
     engines = realvllm.start_all(python, model, specs, work)
     try:
         with httpx.Client(trust_env=False) as client:
@@ -173,12 +203,18 @@ def main(args: argparse.Namespace) -> int:
         for name in args.setups:
             reset(engines)
             config = {"instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
-                      "policy": {"name": args.policy, "seed": args.seed}, "health": {"interval_s": 5}, **SETUPS[name]}
+                      "policy": {"name": args.policy, "seed": args.seed}, "health": {"interval_s": 5},
+                      "server": {"admin_token": ADMIN}, **SETUPS[name](model)}
             with router_process(config, ready_timeout=60) as router:
+                wait_in_sync(router.url, len(engines))
                 hits0, queries0 = engine_counters(engines)
                 run = asyncio.run(drive(router.url, traffic, args.concurrency))
                 hits1, queries1 = engine_counters(engines)
                 metrics = httpx.get(router.url + "/metrics", timeout=10).text
+            if name.startswith("precise"):
+                lookups = {lab["source"]: v for lab, v in samples(metrics, "pd_router_kv_residency_lookups_total")}
+                print(f"  residency lookups answered from events {lookups.get('events', 0):.0f}, "
+                      f"from routing history {lookups.get('history', 0):.0f}", flush=True)
             ratio_sum = totals(metrics, "pd_router_estimated_cached_prefix_ratio_sum")
             ratio_n = totals(metrics, "pd_router_estimated_cached_prefix_ratio_count")
             predicted = ratio_sum / ratio_n if ratio_n else float("nan")
@@ -203,13 +239,14 @@ def main(args: argparse.Namespace) -> int:
                 f"{args.blocks} x 128-token KV blocks each ({2 * args.blocks * 128} tokens in all), prefix caching; "
                 f"B2B chat: {args.tenants} tenants x 4 users, system prompts of ~{prefix_tokens} tokens, "
                 f"{args.requests} streaming requests, {args.max_tokens} output tokens, {args.concurrency} concurrent "
-                f"clients, policy `{args.policy}`, character-mode block keys; engine caches reset between runs. "
+                f"clients, policy `{args.policy}`; character-mode block keys unless the setup says tokens (the "
+                "model's own tokenizer.json, 128-token blocks); engine caches reset between runs. "
                 "Predicted = the router's mean estimated cached share of the prompt on the instance it chose "
                 "(`pd_router_estimated_cached_prefix_ratio`); measured = the engines' `cached_tokens / prompt_tokens` "
                 "per request, and their own prefix-cache counters. Read no routing effect into TTFT here: both "
                 "engines, the router and the load generator share 2 cores, so a run that spreads requests over the two "
-                "engines adds contention, not capacity, and its tail grows (TTFT p90 over repeated runs: config only "
-                "150-245 ms, engine facts 101-1128 ms; the prediction error was +43 to +46 points and always -2 points).")
+                "engines adds contention, not capacity, and its tail grows. "
+                f"Load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
         write_section("Predicted vs measured prefix hits, two real vLLM engines",
                       f"PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_prediction.py --tenants {args.tenants} "
                       f"--requests {args.requests} --write", note + "\n\n" + out)
@@ -218,7 +255,7 @@ def main(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    p.add_argument("--setups", nargs="+", default=DEFAULT_SETUPS, choices=list(SETUPS))
     p.add_argument("--policy", default="ttft")
     p.add_argument("--tenants", type=int, default=16)
     p.add_argument("--requests", type=int, default=300)

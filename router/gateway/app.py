@@ -84,7 +84,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     base_store = store or build_store(config, caps)
     metrics = Metrics(lambda: _store_counters(base_store))
-    store, kv_ingest = precise_store(config, pool, base_store, metrics.registry)
+    store, kv_ingest = precise_store(config, pool, base_store, metrics.registry,
+                                     may_bind=(live or LiveOptions()).workers <= 1)
     book = EngineBook(config.engines.stale_after_s or 0.0)  # what the engines report, read by the request path
 
     def make_policy(cfg: RouterConfig, disaggregated: bool) -> Policy:

@@ -13,10 +13,11 @@ import logging.config
 import os
 import sys
 
-from router.config.model import ConfigError, load_config
+from router.config.model import ConfigError, RouterConfig, load_config
 from router.core.exposition import prepare_multiprocess_dir
 from router.core.logs import LOG_FORMATS, logging_config
 from router.gateway.auth import load_keys
+from router.kvevents import uses_bind
 from router.scheduling import check_config
 
 
@@ -52,6 +53,19 @@ def app_factory():  # type: ignore[no-untyped-def]
     return wrap(create_app(load_config(path), live=options))
 
 
+def workers_problem(config: RouterConfig, workers: int) -> str | None:
+    """Why ``config`` cannot be served by ``workers`` processes, or None."""
+    if workers < 1 or (workers > 1 and config.state.backend != "redis"):
+        return ("--workers N > 1 needs state.backend: redis: worker processes must share booked load "
+                "and residency, or each would route blind to the others")
+    if workers > 1 and uses_bind(config):
+        return ("--workers N > 1 cannot use bound KV-event sockets (kv_events.bind, or a kv_events.sources entry "
+                "without an endpoint): only one process can bind an address, so the other workers would get no "
+                "events; let the engines' publishers bind (vLLM: endpoint tcp://*:PORT) so that every worker "
+                "connects to them")
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
@@ -60,9 +74,9 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"pd-router: {exc}", file=sys.stderr)
         return 2
-    if args.workers < 1 or (args.workers > 1 and config.state.backend != "redis"):
-        print("pd-router: --workers N > 1 needs state.backend: redis: worker processes must share booked load "
-              "and residency, or each would route blind to the others", file=sys.stderr)
+    problem = workers_problem(config, args.workers)
+    if problem is not None:
+        print(f"pd-router: {problem}", file=sys.stderr)
         return 2
     import uvicorn
 

@@ -16,13 +16,27 @@ from router.state.base import StateStore
 from router.state.precise import EventResidency
 from router.state.precise_store import PreciseStore
 
-__all__ = ["KVEventIngest", "precise_store"]
+__all__ = ["KVEventIngest", "precise_store", "uses_bind"]
+
+
+def uses_bind(config: RouterConfig) -> bool:
+    """Whether the configured sources need the router to bind a SUB (engines connect to it).
+
+    Only one process can bind an address, so under ``serve --workers N`` (every worker
+    ingests events itself) a bound socket would feed one worker and leave the others
+    routing on approximate residency: ``serve`` refuses such a config, and a worker never
+    binds for a source that discovery finds connecting (that instance stays approximate
+    in every worker, with an error logged, rather than precise in one of them)."""
+    kv = config.kv_events
+    return kv.enabled and (kv.bind is not None or any(s.endpoint is None for s in kv.sources.values()))
 
 
 def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
-                  registry: CollectorRegistry | None = None) -> tuple[StateStore, KVEventIngest | None]:
+                  registry: CollectorRegistry | None = None, *,
+                  may_bind: bool = True) -> tuple[StateStore, KVEventIngest | None]:
     """``store`` with event residency over it, and the ingestion feeding it; unchanged
-    (and None) when ``kv_events.enabled`` is off."""
+    (and None) when ``kv_events.enabled`` is off. ``may_bind`` is False in a
+    ``serve --workers N`` process (see ``uses_bind``)."""
     kv = config.kv_events
     if not kv.enabled:
         return store, None
@@ -30,7 +44,7 @@ def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
                            default_cap=max(caps.values(), default=8192))
-    ingest = KVEventIngest(config, pool, residency)
+    ingest = KVEventIngest(config, pool, residency, may_bind=may_bind)
     if registry is not None:
         registry.register(KVEventsCollector(ingest, wrapped))
     return wrapped, ingest

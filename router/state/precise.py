@@ -192,6 +192,10 @@ class EventResidency:
         ranks = self._tables.get(instance)
         return ranks is not None and bool(ranks) and all(t.fresh for t in ranks.values())
 
+    def drop(self, instance: str) -> None:
+        """Forget an instance that left: its tables go (a later one of the same name starts stale)."""
+        self._tables.pop(instance, None)
+
     def mark_stale(self, instance: str) -> None:
         for table in self._tables.get(instance, {}).values():
             table.fresh = False

@@ -132,6 +132,18 @@ class PreciseStore(StateStore):
         await self.inner.forget_instance(instance)
 
 
+    def set_capacity(self, instance: str, cap: int) -> None:
+        self._caps[instance] = cap
+        self.inner.set_capacity(instance, cap)
+
+    async def drop_instance(self, instance: str) -> None:
+        """The instance left: its event tables, speculation and the inner store's state go."""
+        self.residency.drop(instance)
+        if self._recent is not None:
+            self._recent.forget(instance)
+        await self.inner.drop_instance(instance)
+
+
 class _OverlayChooser:
     """Hands the policy the overlaid snapshot, on the first choice and on a revision."""
 

@@ -143,3 +143,38 @@ def test_an_instance_that_joins_later_is_subscribed_too():
                        headers={"authorization": "Bearer t0ken"})
         assert r.status_code == 201, r.text
         wait_for(lambda: {s.spec.instance for s in ingest.sources} == {"a", "b"})  # found through its own /kv_event_sources
+
+
+def test_an_instance_that_leaves_is_unsubscribed_and_one_back_at_another_address_is_subscribed_there():
+    admin = {"authorization": "Bearer t0ken"}
+    with ExitStack() as stack:
+        base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0",
+                              kv_events_replay_endpoint="tcp://*:0")  # known (empty) at once, through a replay
+        a, b, c = (stack.enter_context(start_in_thread(base.replace(engine_id=n))) for n in "abc")
+        config = router_for({"a": a, "b": b})
+        config.server.admin_token = "t0ken"
+        app = create_app(config)
+        url = stack.enter_context(serve_app(app))
+        ingest = app.state.kv_events
+        wait_for(lambda: ingest.residency.is_fresh("a") and ingest.residency.is_fresh("b"))
+        prompt = SYSTEM + " Where is parcel 7?"
+        keys, n = keys_of(b.url, prompt)
+        assert httpx.post(f"{b.url}/v1/completions", json=completion(prompt), timeout=30).status_code == 200
+        wait_for(lambda: ingest.residency.matched(keys, ["b"]) == {"b": n // 16})  # traffic that bypassed the router
+
+        assert httpx.delete(f"{url}/admin/instances/b", headers=admin).status_code in (200, 204)
+        wait_for(lambda: {s.spec.instance for s in ingest.sources} == {"a"})
+        doc = httpx.get(f"{url}/debug/kv_events", headers=admin).json()
+        assert [s["instance"] for s in doc["sources"]] == ["a"] and "b" not in doc["instances"]
+        applied_a = ingest.sources[0].writer.counters.events
+        assert httpx.post(f"{b.url}/v1/completions", json=completion(prompt + " again"), timeout=30).status_code == 200
+        assert httpx.post(f"{a.url}/v1/completions", json=completion("a marker " * 40), timeout=30).status_code == 200
+        wait_for(lambda: ingest.sources[0].writer.counters.events > applied_a)  # a's events still flow ...
+        assert "b" not in ingest.residency.instances()  # ... b's, after it left, count for nobody
+
+        r = httpx.post(f"{url}/admin/instances", json={"url": c.url, "name": "b", "model": "m"}, headers=admin)
+        assert r.status_code == 201, r.text
+        c_port = httpx.get(f"{c.url}/kv_event_sources").json()["0"]["endpoint"].rsplit(":", 1)[1]
+        wait_for(lambda: any(s.spec.instance == "b" and s.spec.endpoint.endswith(f":{c_port}") for s in ingest.sources))
+        wait_for(lambda: ingest.residency.is_fresh("b"))
+        assert ingest.residency.matched(keys, ["b"]) == {"b": 0}  # the new "b" holds nothing of the old one's
