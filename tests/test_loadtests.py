@@ -116,6 +116,19 @@ def test_real_vllm_prediction_traffic_is_b2b_and_deterministic() -> None:
     assert len({b["messages"][1]["content"] for b in first}) == 30  # every question differs
 
 
+def test_real_vllm_prediction_setups_are_valid_router_configs(tmp_path) -> None:
+    from loadtests import real_vllm_prediction as rv
+    from router.config.model import load_config
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    for name, setup in rv.SETUPS.items():
+        config = load_config(overrides={"instances": [{"url": "http://127.0.0.1:9", "name": "vllm0"}],
+                                        "server": {"admin_token": rv.ADMIN}, **setup(tmp_path)})
+        assert config.kv_events.enabled == name.startswith("precise")
+        assert (config.hashing.mode == "tokens") == ("tokens" in name or name.startswith("precise"))
+    assert set(rv.DEFAULT_SETUPS) <= set(rv.SETUPS)
+
+
 def test_zero_backend_streams_when_asked() -> None:
     import httpx
 
