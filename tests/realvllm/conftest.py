@@ -22,7 +22,7 @@ from router.gateway.app import create_app
 from router.tools import realvllm
 from router.tools.tiny_model import write_model
 from servers import free_port, serve_app
-from vllm_rig import AUTH, NUM_BLOCKS, TOKEN
+from vllm_rig import AUTH, BEFORE_ROUTER, NUM_BLOCKS, TOKEN
 
 STARTUP_TIMEOUT_S = float(os.environ.get("PD_ROUTER_VLLM_STARTUP_S", "420"))
 
@@ -97,17 +97,22 @@ def precise_router(engines: list[realvllm.VllmEngine], tiny_model: Path) -> Iter
                                                  "block_size": 128}},
         "kv_events": {"enabled": True, "discover_interval_s": 1},
     })
-    with ExitStack() as stack:
+    with ExitStack() as stack, httpx.Client(trust_env=False, timeout=60) as client:
+        warm = client.post(f"{engines[0].url}/v1/completions",
+                           json={"model": "tiny", "prompt": BEFORE_ROUTER, "max_tokens": 1})
+        assert warm.status_code == 200, warm.text
         url = stack.enter_context(serve_app(create_app(config)))
         deadline = time.monotonic() + 60
-        with httpx.Client(trust_env=False, timeout=10) as client:
-            while True:
-                doc = client.get(f"{url}/debug/kv_events", headers=AUTH).json()
-                if {s["instance"] for s in doc["sources"] if s["fresh"]} == {"vllm0", "vllm1"}:
-                    break
-                if time.monotonic() > deadline:
-                    pytest.fail(f"KV events of the real engines never in sync: {doc}")
-                time.sleep(0.1)
+        while True:
+            doc = client.get(f"{url}/debug/kv_events", headers=AUTH).json()
+            if {s["instance"] for s in doc["sources"] if s["fresh"]} == {"vllm0", "vllm1"}:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"KV events of the real engines never in sync: {doc}")
+            time.sleep(0.1)
+        # engine 0 had published before the router subscribed: in sync through its replay buffer
+        (first,) = [s for s in doc["sources"] if s["instance"] == "vllm0"]
+        assert first["stream"]["resyncs"] >= 1 and first["last_sequence"] is not None, first
         yield url
 
 

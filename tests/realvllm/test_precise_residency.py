@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from kv_frames import FrameRecorder, decode
-from vllm_rig import AUTH, BLOCK, total
+from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, total
 from router.tools.realvllm import VllmEngine
 from router.tools.tiny_model import corpus
 
@@ -121,12 +121,13 @@ def tokenize(client: httpx.Client, engine: VllmEngine, prompt: str) -> list[int]
 
 def test_residency_from_real_kv_events_predicts_the_engines_own_prefix_cache_hits(
         precise_router: str, engines: list[VllmEngine], client: httpx.Client) -> None:
-    """Three tenants' prefixes and their users' questions, then a conversation that goes on:
+    """A prefix engine 0 cached before the router started, three tenants' prefixes and their
+    users' questions, then a conversation that goes on:
     for every request, the router's predicted cached blocks on the engine that served it
     are the blocks that engine's prefix cache hit (vLLM always recomputes a prompt's last
     token, so a fully cached prompt hits one block less when its length is a multiple of 128)."""
-    tenants = [f"Tenant {t} handbook. " + text(100 + t, 1800) for t in range(3)]
-    plan = [0, 1, 0, 2, 1, 0, 2, 1, 0]
+    tenants = [f"Tenant {t} handbook. " + text(100 + t, 1800) for t in range(3)] + [BEFORE_ROUTER]
+    plan = [3, 0, 1, 0, 2, 1, 0, 2, 1, 0]  # first a prefix engine 0 cached before the router started
     rows: list[tuple[int, int, int, dict[str, int], float]] = []  # step, engine, tokens, predicted, hit tokens
     previous = ""
     with FrameRecorder(engines[0].kv_events_endpoint) as r0, FrameRecorder(engines[1].kv_events_endpoint) as r1:
@@ -152,9 +153,12 @@ def test_residency_from_real_kv_events_predicts_the_engines_own_prefix_cache_hit
             previous = prompt
     report = "\n".join(f"step {s}: vllm{e}, {n} tokens, predicted {g}, engine hit {h:.0f} tokens"
                        for s, e, n, g, h in rows)
+    print(report)  # pytest -s shows it
     for _step, served, n, guess, hits in rows:
         assert hits == min(guess[f"vllm{served}"], (n - 1) // BLOCK) * BLOCK, report
     assert sum(1 for *_, hits in rows if hits > 0) >= 5, report  # tenants came back: not a test of zeros
+    warm = len(tokenize(client, engines[0], BEFORE_ROUTER)) // BLOCK
+    assert rows[0][1] == 0 and rows[0][4] >= warm * BLOCK, report  # known from the replay, routed to it
     assert rows[-1][4] >= (rows[-2][2] // BLOCK) * BLOCK, report  # the conversation reused its whole history
 
 

@@ -11,6 +11,10 @@ TOKEN = "real"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 NUM_BLOCKS = 64  # x 128 tokens: small enough that a handful of long prompts evicts
 BLOCK = 128  # the CPU build's KV block size
+# Sent straight to engine 0 before the precise router starts: the router can know it only by
+# resyncing from the engine's replay buffer.
+BEFORE_ROUTER = ("Tenant 9 handbook, cached before the router started: returns, refunds and exchanges "
+                 "are handled by the desk within thirty days of delivery. ") * 12
 
 
 def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
