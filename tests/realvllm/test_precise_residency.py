@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+from tokenizers import Tokenizer
 
 from kv_frames import FrameRecorder, decode
 from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, total
@@ -199,3 +201,42 @@ def test_a_block_the_engine_evicts_stops_counting(precise_router: str, engines: 
     assert client.post(f"{engine.url}/v1/completions", json=body).status_code == 200
     served, hits = counted(client, engines, before, n)
     assert (served, hits) == (0, 0)  # the engine agrees: nothing of it was left
+
+
+def test_token_mode_refuses_an_overlong_text_prompt_by_its_exact_count(precise_router: str, engines: list[VllmEngine],
+                                                                        tiny_model: Path, client: httpx.Client) -> None:
+    """9,000 characters of '7, ': at most 32 bytes a token, the character bound says >= 282 tokens;
+    the tokenizer says thousands more than max_model_len 4096, so the precise router refuses it
+    as vLLM does, and it never reaches an engine."""
+    prompt = "7, " * 3000
+    counted = len(Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(prompt).ids)
+    assert counted >= 4096
+
+    def received() -> float:
+        return sum(total(client, e, "http_requests_total", handler="/v1/completions") for e in engines)
+
+    before = received()
+    via = client.post(f"{precise_router}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1})
+    assert via.status_code == 400 and via.json()["error"]["code"] == "context_length_exceeded", via.text
+    assert f"has {counted} tokens" in via.json()["error"]["message"]
+    assert received() == before
+    direct = client.post(f"{engines[0].url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 1})
+    assert direct.status_code == 400  # as the engine itself answers
+
+
+def test_the_emulator_advertises_its_kv_events_as_vllm_does(engines: list[VllmEngine], client: httpx.Client) -> None:
+    """The emulator's GET /kv_event_sources has the real engine's shape (the router's discovery
+    is tested against the emulator, so the two must not drift)."""
+    from router.tools.emulator.config import EmulatorConfig
+    from router.tools.emulator.launch import start_in_thread
+
+    real = client.get(f"{engines[0].url}/kv_event_sources").json()
+    with start_in_thread(EmulatorConfig(model="tiny", kv_events_endpoint="tcp://*:0", kv_events_topic="kv",
+                                        kv_events_replay_endpoint="tcp://*:0")) as emulator:
+        emulated = client.get(f"{emulator.url}/kv_event_sources").json()
+    assert list(real) == list(emulated) == ["0"]
+    wanted = {"enable_kv_cache_events", "publisher", "endpoint", "replay_endpoint", "topic"}
+    assert wanted <= set(real["0"]) and wanted <= set(emulated["0"])
+    for key in ("enable_kv_cache_events", "publisher", "topic"):
+        assert real["0"][key] == emulated["0"][key]
+    assert all(a["endpoint"].startswith("tcp://*:") for a in (real["0"], emulated["0"]))
