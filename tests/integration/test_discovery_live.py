@@ -162,3 +162,39 @@ def test_sighup_reloads_the_config_file_and_the_process_lives_on(tmp_path):
         wait_for(lambda: b"refused" in (tmp_path / "router.log").read_bytes(), what="refusal logged")
         assert proc.poll() is None
         assert httpx.get(f"{url}/admin/config", headers=AUTH).json()["policy"]["ttft"]["request_overhead_s"] == 0.03
+
+
+def test_pods_found_at_run_time_are_subscribed_to_their_kv_events_and_unsubscribed_when_deleted():
+    """Precise residency follows discovery: a Ready pod's engine is found through its own
+    /kv_event_sources and subscribed; a deleted pod's subscription and tables go with it."""
+    with ExitStack() as stack:
+        base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0",
+                              kv_events_replay_endpoint="tcp://*:0")
+        a = stack.enter_context(start_in_thread(base.replace(engine_id="a")))
+        b = stack.enter_context(start_in_thread(base.replace(engine_id="b")))
+        api = FakeApiServer(namespace="llm")
+        api_url = stack.enter_context(run_api_server(api))
+        config = load_config(overrides={
+            "instances": [], "server": {"admin_token": TOKEN}, "health": {"interval_s": 60}, "policy": {"seed": 1},
+            "hashing": {"mode": "tokens"}, "kv_events": {"enabled": True, "discover_interval_s": 0.2},
+            "discovery": {"kubernetes": {"enabled": True, "api_server": api_url, "namespace": "llm",
+                                         "selectors": {"decode": DECODE}, "defaults": {"model": "m"},
+                                         "backoff_initial_s": 0.05, "backoff_max_s": 0.2}},
+        })
+        app = create_app(config)
+        stack.enter_context(serve_app(app))
+        ingest = app.state.kv_events
+        for name, engine in (("a", a), ("b", b)):
+            api.add_pod(name, DECODE, ip="127.0.0.1", annotations={"pd-router.io/port": str(urlsplit(engine.url).port)})
+        wait_for(lambda: len(instances_of(app)) == 2 and all(ingest.residency.is_fresh(i) for i in instances_of(app)),
+                 what="both pods' engines subscribed and in sync")
+        ids = instances_of(app)
+        assert {s.spec.instance for s in ingest.sources} == set(ids)
+        gone = next(i for i in ids if app.state.pool.get(i).url == b.url)
+        api.delete_pod("b")
+        wait_for(lambda: {s.spec.instance for s in ingest.sources} == set(ids) - {gone}, what="b unsubscribed")
+        assert gone not in ingest.residency.instances()
+
+
+def instances_of(app) -> list[str]:
+    return [i.id for i in app.state.pool]
