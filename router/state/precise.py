@@ -138,6 +138,9 @@ class BlockTable:
         self._gpu.clear()
         self._offload.clear()
 
+    def holds(self, key: int) -> bool:
+        return key in self._gpu or key in self._offload
+
     def depth(self, keys: Sequence[int], cpu_weight: float) -> float:
         """Leading ``keys`` held, an offloaded one counting ``cpu_weight``."""
         gpu, offload = self._gpu, self._offload
@@ -199,6 +202,12 @@ class EventResidency:
     def mark_stale(self, instance: str) -> None:
         for table in self._tables.get(instance, {}).values():
             table.fresh = False
+
+    def holders(self, key: int) -> list[str]:
+        """Fresh instances some engine of which holds ``key`` (a scan of the instances: for
+        candidate pruning, once per request, instead of scoring every candidate)."""
+        return [inst for inst, ranks in self._tables.items()
+                if ranks and all(t.fresh for t in ranks.values()) and any(t.holds(key) for t in ranks.values())]
 
     def matched(self, keys: Sequence[int], instances: Iterable[str]) -> dict[str, int]:
         """Leading blocks held per *fresh* instance (the best of its ranks); instances

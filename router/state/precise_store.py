@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from router.state.base import Booking, Chooser, Snapshot, StateStore
+from router.state.load_index import LoadIndex
 from router.state.precise import EventResidency
 from router.state.residency import ResidencyIndex
 
@@ -131,6 +132,16 @@ class PreciseStore(StateStore):
             self._recent.forget(instance)
         await self.inner.forget_instance(instance)
 
+
+    def load_index(self) -> LoadIndex | None:
+        return self.inner.load_index()  # booked load is the inner store's
+
+    def first_block_holders(self, key: int) -> Collection[str]:
+        """Holders by the events (traffic that bypassed this router included) or by routing
+        history (stale instances): a superset is safe, pruning only scores more."""
+        held = dict.fromkeys(self.inner.first_block_holders(key))
+        held.update(dict.fromkeys(self.residency.holders(key)))
+        return held.keys()
 
     def set_capacity(self, instance: str, cap: int) -> None:
         self._caps[instance] = cap

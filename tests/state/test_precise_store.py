@@ -86,3 +86,18 @@ async def test_forget_instance_marks_it_stale(make_store):
     writers["a"].apply([BlockStored((1,), None, TOKENS[:16], 16)])
     await store.forget_instance("a")
     assert not residency.is_fresh("a")
+
+
+async def test_pruning_sees_the_inner_load_index_and_holders_by_events_or_history(make_store):
+    """Candidate pruning works in precise mode too: booked load is the inner store's index,
+    and the first block's holders are those the events name (an engine that cached it for
+    traffic that bypassed the router) plus those routing history names."""
+    store, residency, writers = await precise(make_store)
+    assert store.load_index() is store.inner.load_index()
+    writers["c"].apply([BlockStored((1, 2), None, TOKENS[:32], 16)])  # c cached it, not through us
+    await store.decide(KEYS, INSTANCES, GreedyChooser("r1", KEYS, only="b"))  # history says b
+    residency.mark_stale("b")
+    by_history = set(store.inner.first_block_holders(KEYS[0]))  # the memory store's index: {b}; Redis keeps none
+    assert set(store.first_block_holders(KEYS[0])) == by_history | {"c"} and "a" not in by_history
+    residency.mark_stale("c")  # a stale table names nobody
+    assert "c" not in residency.holders(KEYS[0])
