@@ -146,6 +146,12 @@ def test_in_token_mode_the_exact_token_count_refuses_what_the_character_bound_le
         fits = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "7, " * 300, "max_tokens": 2})
         assert fits.status_code == 200, fits.text
         assert generations(handles[0]) == 1
+    with routed(BASE, **TOKEN_MODE) as (url, handles):  # the engine's /tokenize counts it, as vLLM's does
+        counted = httpx.post(f"{handles[0].url}/tokenize", json={"model": "tiny", "prompt": prompt}).json()["count"]
+        assert counted >= 2048
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and f"has {counted} tokens" in r.json()["error"]["message"], r.text
+        assert generations(handles[0]) == 0
 
 
 def test_debug_route_in_token_mode_computes_the_keys_the_request_path_routed_on() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -248,7 +249,9 @@ async def tokenize(request: Request) -> Response:
         else:
             raise bad_request("give either prompt (a string) or messages", "prompt")
         probe = {k: v for k, v in body.items() if k in ("model", "prompt", "messages")}
-        gen = parse_generation({**probe, "max_tokens": 1}, kind, rt.tokenizer, rt.limits)
+        # as vLLM 0.32: /tokenize counts a prompt of any length (only generation checks max_model_len)
+        unbounded = dataclasses.replace(rt.limits, max_model_len=2**31 - 1)
+        gen = parse_generation({**probe, "max_tokens": 1}, kind, rt.tokenizer, unbounded)
     except ApiError as exc:
         return _error(rt, exc)
     tokens = gen.prompts[0]
