@@ -209,8 +209,10 @@ def test_token_mode_refuses_an_overlong_text_prompt_by_its_exact_count(precise_r
     the tokenizer says thousands more than max_model_len 4096, so the precise router refuses it
     as vLLM does, and it never reaches an engine."""
     prompt = "7, " * 3000
-    counted = len(Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(prompt).ids)
+    ids = Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(prompt).ids
+    counted = len(ids)
     assert counted >= 4096
+    assert tokenize(client, engines[0], prompt) == ids  # vLLM's /tokenize counts it too (the emulator's does the same)
 
     def received() -> float:
         return sum(total(client, e, "http_requests_total", handler="/v1/completions") for e in engines)
