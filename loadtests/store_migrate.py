@@ -68,12 +68,12 @@ def _store_server(scale: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _cluster(store: bool, scale: float) -> Iterator[tuple[str, str, str | None]]:
+def _cluster(store: bool, scale: float, dtype: str) -> Iterator[tuple[str, str, str | None]]:
     """(router url, prefill engine url, probe engine url with the store or None)."""
     with contextlib.ExitStack() as stack:
         store_url = stack.enter_context(_store_server(scale)) if store else None
         base: dict[str, Any] = {"flavor": "vllm", "time_scale": scale, "model": "m", "kv_store_url": store_url,
-                                "kv_store_write_blocks": 1}
+                                "kv_store_write_blocks": 1, "kv_dtype": dtype}
         engines = {"p0": stack.enter_context(spawn_emulator(EmulatorConfig(role="prefill", **base)))}
         for name in ("d0", "d1"):
             engines[name] = stack.enter_context(spawn_emulator(EmulatorConfig(
@@ -83,7 +83,7 @@ def _cluster(store: bool, scale: float) -> Iterator[tuple[str, str, str | None]]
                                  "flavor": "vllm", "model": "m"} for n, e in engines.items()],
                   "policy": {"name": "ttft", "seed": 1}, "health": {"interval_s": 60},
                   "proxy": {"first_byte_timeout_s": 60 * scale, "idle_timeout_s": 60 * scale},
-                  "kv_store": {"enabled": store, "bandwidth_gbps": STORE_GBPS}}
+                  "kv_store": {"enabled": store, "bandwidth_gbps": STORE_GBPS, "kv_dtype": dtype}}
         router = stack.enter_context(router_process(config))
         yield router.url, engines["p0"].url, probe.url if probe is not None else None
 
@@ -109,10 +109,10 @@ def _stream(url: str, prompt: str, max_tokens: int, on_first: str | None = None)
     return times, done
 
 
-def _measure(store: bool, evict: bool, rounds: int, prompt_tokens: int, scale: float) -> dict[str, float]:
+def _measure(store: bool, evict: bool, dtype: str, rounds: int, prompt_tokens: int, scale: float) -> dict[str, float]:
     rng = random.Random(12)
     gaps, tbts, cached, loaded = [], [], [], []
-    with _cluster(store, scale) as (url, prefill, probe):
+    with _cluster(store, scale, dtype) as (url, prefill, probe):
         _stream(url, _prompt(-1, 200, rng), 4)  # warm the connections
         for i in range(rounds):
             prompt = _prompt(i, prompt_tokens, rng)
@@ -134,15 +134,16 @@ def _measure(store: bool, evict: bool, rounds: int, prompt_tokens: int, scale: f
 
 def run_migrate(args: argparse.Namespace) -> int:
     load = os.getloadavg()
-    variants = {"store": (True, False), "no store": (False, False), "no store, prefill's copy evicted": (False, True)}
-    results = {label: _measure(store, evict, args.rounds, args.prompt_tokens, args.time_scale)
-               for label, (store, evict) in variants.items()}
+    variants = {"store": (True, False, "auto"), "store, fp8 KV": (True, False, "fp8"), "no store": (False, False, "auto"),
+                "no store, prefill's copy evicted": (False, True, "auto")}
+    results = {label: _measure(store, evict, dtype, args.rounds, args.prompt_tokens, args.time_scale)
+               for label, (store, evict, dtype) in variants.items()}
     end = os.getloadavg()
     ms = lambda x: f"{x * 1000:.1f}"  # noqa: E731
     rows = [[label, ms(r["gap_p50_s"]), ms(r["gap_max_s"]), ms(r["tbt_p50_s"]), ms(r["cached_ttft_p50_s"]),
              ms(r["store_ttft_p50_s"]) if "store_ttft_p50_s" in r else "-",
              f"{r['gap_p50_s'] / r['cached_ttft_p50_s']:.2f}"] for label, r in results.items()]
-    s, n, e = results["store"], results["no store"], results["no store, prefill's copy evicted"]
+    s, f, n, e = (results[k] for k in ("store", "store, fp8 KV", "no store", "no store, prefill's copy evicted"))
     body = table(["cluster", "failure -> next token p50 ms", "max ms", "TBT mean ms", "TTFT fully cached p50 ms",
                   "TTFT all from the store p50 ms", "gap / cached TTFT"], rows)
     body += (
@@ -154,12 +155,13 @@ def run_migrate(args: argparse.Namespace) -> int:
         f"- with the store: next token {ms(s['gap_p50_s'])} ms after the failure = "
         f"**{s['gap_p50_s'] / s['cached_ttft_p50_s']:.2f}x** the TTFT of the prompt fully cached on an instance "
         f"(target <= 2x), {s['gap_p50_s'] / s['store_ttft_p50_s']:.2f}x the TTFT of a fresh request loading it "
-        f"all from the store.\n"
+        f"all from the store; with fp8 KV (half the bytes) {ms(f['gap_p50_s'])} ms = "
+        f"**{f['gap_p50_s'] / f['cached_ttft_p50_s']:.2f}x**.\n"
         f"- without a store, the prefill instance still caching the prompt: {ms(n['gap_p50_s'])} ms "
         f"({n['gap_p50_s'] / s['gap_p50_s']:.2f}x the store's); with that copy evicted (re-prefill of prompt + "
         f"generated): {ms(e['gap_p50_s'])} ms ({e['gap_p50_s'] / s['gap_p50_s']:.2f}x).\n")
     print(body)
     if args.write:
-        write_section("Session migration: failure to next token", f"python loadtests/store_bench.py migrate --write "
+        write_section(f"Session migration: failure to next token, {args.prompt_tokens}-token prompts", f"python loadtests/store_bench.py migrate --write "
                       f"--rounds {args.rounds} --prompt-tokens {args.prompt_tokens} --time-scale {args.time_scale:g}", body)
     return 0

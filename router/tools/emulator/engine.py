@@ -18,6 +18,12 @@ Scheduling follows vLLM's V1 scheduler in spirit:
   preemption. The prefix-cache hit is computed once, at admission.
 * At least the last prompt block is always computed, so the first token
   comes from a real forward pass (as in vLLM).
+* With a shared KV store (kvstore.py), the leading tokens the store holds
+  beyond the local hit are loaded, not computed: admission reports them in
+  ``StepOutput.loads``, the rest of the prompt computes meanwhile, and only
+  its last token waits until the owner calls ``load_done``. (The loaded
+  blocks are published at admission, so another request on the same engine
+  may hit them before their bytes have arrived: a simplification.)
 
 Per-token work is a few integer operations per running request, so one
 process can emulate hundreds of concurrent streams.
