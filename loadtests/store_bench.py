@@ -88,7 +88,8 @@ def run_replay(args: argparse.Namespace) -> int:
                   "gap closed (vs best baseline, no store)"], rows)
     body += (
         f"\n\n{len(trace.requests)} requests, 8 mixed llama3-8b-h100 engines, arrivals x{RATE_SCALE:g}; store "
-        f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads.\n\n"
+        f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads. Virtual time: the "
+        f"figures do not depend on the machine's load.\n\n"
         f"- hit ratio, `ttft` with the store / without: **{hit_x:.2f}x** (target >= 1.8x).\n"
         f"- p90 gap_closed of `ttft` with the store, from the best baseline without one (`{best_plain}`, "
         f"{p90('no store', best_plain):.3f} s) to the bound ({b90:.3f} s): **{gap:.2f}** (target >= 0.7).\n"
