@@ -110,3 +110,13 @@ def test_bad_store_calls_get_a_400_and_leave_the_store_alone(client: httpx.Clien
             resp = client.post(store.url + path, json=body)
             assert resp.status_code == 400 and "error" in resp.json()
         assert client.get(store.url + "/store/stats").json()["blocks"] == 0
+
+
+def test_an_engine_whose_store_is_gone_serves_as_without_one(start_emulator: StartFn, client: httpx.Client) -> None:
+    from router.tools.process import free_port
+
+    engine = start_emulator(kv_store_url=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    resp = client.post(engine.url + "/v1/completions", json={"prompt": "no store here " * 50, "max_tokens": 3})
+    assert resp.status_code == 200
+    store = _stats(client, engine.url)["store"]
+    assert store["failures"] >= 1 and store["loaded_tokens"] == 0 and store["hit_tokens"] == 0

@@ -34,7 +34,8 @@ def test_concurrent_loads_share_the_store_bandwidth():
     assert min(ttfts(two)[1:]) == pytest.approx(2 * alone, rel=0.05)
 
 
-@pytest.mark.parametrize("cluster", [{"mixed": 3}, {"prefill": 2, "decode": 2}])
+@pytest.mark.parametrize("cluster", [{"mixed": 3}, {"prefill": 2, "decode": 2},
+                                     {"prefill": 2, "decode": 1, "mixed": 1, "flavor": "sglang"}])
 @pytest.mark.parametrize("name", ["round_robin", "ttft"])
 def test_with_a_store_more_of_the_prompts_is_served_and_every_request_finishes(cluster, name):
     trace = mixed_workload()
