@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from router.config.handoff import HandoffConfig
+from router.config.kvstore import KVStoreConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
@@ -335,6 +336,7 @@ class RouterConfig(BaseSettings):
     reload: ReloadConfig = Field(default_factory=ReloadConfig, description="live reload of the config file")
     engines: EnginesConfig = Field(default_factory=EnginesConfig, description="what the router learns from the engines themselves (facts, load)")
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, description="precise residency from the engines' KV events")
+    kv_store: KVStoreConfig = Field(default_factory=KVStoreConfig, description="a KV store the engines share: loads priced against recomputes")
 
     @model_validator(mode="after")
     def _unique_instances(self) -> "RouterConfig":

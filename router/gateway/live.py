@@ -35,6 +35,7 @@ from router.discovery import start_sources
 from router.request.service import RouterService
 from router.scheduling import Policy, check_config
 from router.state.base import StateStore
+from router.state.store_tier import build_store_tier
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,9 @@ class Live:
             membership = self._sync_locked(STATIC, new.instances)
             if any(c.startswith(("policy", "pd")) for c in changed) and not membership:
                 self._rebuild_policy()
+            if any(c.startswith(("kv_store", "pd.kv_bytes_per_token")) for c in changed):  # the belief starts over
+                self.service.store_tier = build_store_tier(self.config.kv_store, self.config.pd.kv_bytes_per_token,
+                                                           self.config.hashing.block_tokens)
             for path in changed:
                 before, after = changes.redact(changes.lookup(old_doc, path), path), changes.redact(changes.lookup(new_doc, path), path)
                 log.info("config change (%s): %s: %s -> %s", origin, path, _short(before), _short(after))

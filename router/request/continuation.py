@@ -11,9 +11,11 @@ sees one unbroken stream: no token twice or lost, one ``[DONE]``, usage summed.
 What cannot be continued (several choices, batches, token-id prompts, logprobs, a spent
 budget) ends with the explicit error event as before; every attempt is counted.
 
-The hook for a shared KV store: :meth:`Continuation.body` builds the continuation request;
-a store that can hand the new decode instance the KV computed so far would set its transfer
-parameters there (``kv_transfer_params``) instead of letting it prefill again.
+Session migration with a shared KV store (kv_store): the continuation is routed with keys over
+the prompt plus the text so far, the failed instances excluded, and those keys are believed
+stored (the prefill wrote the prompt, the decode its generated blocks as it went), so the cost
+model prices loading them against computing them (router/scheduling/store_cost.py): another
+decode instance takes the session alone and loads its KV instead of prefilling it again.
 """
 
 from __future__ import annotations

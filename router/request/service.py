@@ -45,6 +45,7 @@ from router.scheduling.decide import Routed, decide
 from router.scheduling.framework import Policy, RouteRequest
 from router.scheduling.prune import Pruner
 from router.state.base import StateStore
+from router.state.store_tier import build_store_tier
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
 from router.upstream.relay import RelayResponse, Resumed, returned_pairs, upstream_headers
@@ -89,6 +90,8 @@ class RouterService:
         self.rng = rng or random.SystemRandom()
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
+        # what a KV store the engines share holds (kv_store), None without one
+        self.store_tier = build_store_tier(config.kv_store, config.pd.kv_bytes_per_token, config.hashing.block_tokens)
         self.background: set[Any] = set()  # prefill legs still finishing after their decode answered
         self.tokenizer = build_tokenizer(config.hashing, pool, upstream.client)  # token mode only
         p = config.proxy
@@ -178,7 +181,7 @@ class RouterService:
                 break
             try:  # SLORejected (429) goes straight to the client
                 routed = await decide(self.store, self.policy, req, [c.candidate for c in candidates], self.metrics, slo,
-                                      self.pruner)
+                                      self.pruner, self.store_tier)
             except NoRoute:
                 break
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)
@@ -204,6 +207,8 @@ class RouterService:
             raw = json.dumps(body).encode()
             again = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
             req = route_request(again, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+            if self.store_tier is not None:  # session migration: the prompt and the tokens so far were written
+                self.store_tier.record(req.keys)  # to the store as they were computed, so the next instance loads them
             try:
                 response = await self._route(req, endpoint, again, raw, headers, request_id, Tried(exclude=set(failed)),
                                              slo, continuing=True)

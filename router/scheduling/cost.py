@@ -9,6 +9,8 @@ The attention term is the quadratic part of transformer prefill FLOPs: computing
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
 instance when declared (or calibrated), else the configured default. Cached tokens are
 the expected ones: the matched run times the confidence that the engine still holds it.
+With a shared KV store, the prefill is the cheaper of computing what the instance lacks and
+loading what the store holds while computing the rest (store_cost.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 from router.config.model import TTFTWeights
 from router.scheduling.framework import RouteRequest, View
+from router.scheduling.store_cost import load_seconds, stored_tokens
 
 
 @dataclass(frozen=True)
@@ -37,22 +40,41 @@ def prefill_seconds(uncached: float, prompt: int, rate: float, weights: TTFTWeig
     return weights.request_overhead_s + uncached / rate + attention
 
 
+def with_store(req: RouteRequest, view: View, cached: float, rate: float, weights: TTFTWeights) -> tuple[float, float]:
+    """(prefill seconds, tokens present before computing): from the instance's cache alone,
+    or loading what the store holds beyond it while computing the rest, whichever is faster."""
+    prompt = req.prompt_tokens
+    compute = prefill_seconds(prompt - cached, prompt, rate, weights)
+    stored = stored_tokens(req)
+    if stored <= cached:
+        return compute, cached
+    loaded = max(load_seconds(req, view, stored - cached), prefill_seconds(prompt - stored, prompt, rate, weights))
+    return (loaded, stored) if loaded < compute else (compute, cached)
+
+
 def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
     """The prefill this request queues on ``view``, in tokens at the instance's rate: its
     uncached tokens plus their attention cost. Booking work rather than raw tokens lets the
     requests queued behind a 100K-token prompt see how long it will really hold the GPU."""
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     cached = view.expected_cached_tokens(req)
+    if req.store is not None:
+        cached = with_store(req, view, cached, rate, weights)[1]
     attention = weights.attention_s_per_token2 * (req.prompt_tokens**2 - cached**2) / 2
     return round(req.prompt_tokens - cached + attention * rate)
 
 
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
-    uncached = req.prompt_tokens - view.expected_cached_tokens(req)
+    cached = view.expected_cached_tokens(req)
+    if req.store is None:
+        prefill_s = prefill_seconds(req.prompt_tokens - cached, req.prompt_tokens, rate, weights)
+    else:
+        prefill_s, cached = with_store(req, view, cached, rate, weights)
+    uncached = req.prompt_tokens - cached
     return TTFTTerms(
         queue_s=view.load.prefill_tokens / rate,
-        prefill_s=prefill_seconds(uncached, req.prompt_tokens, rate, weights),
+        prefill_s=prefill_s,
         interference_s=weights.decode_interference_s * view.load.requests,
         uncached_tokens=round(uncached),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.core.errors import SLORejected
 from router.core.metrics import Metrics
@@ -12,6 +12,7 @@ from router.core.instances import Candidate
 from router.scheduling.framework import Decision, Policy, RouteRequest, route_key
 from router.scheduling.prune import Pruner
 from router.state.base import Booking, Leg, Snapshot, StateStore
+from router.state.store_tier import StoreTier
 
 
 def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:
@@ -79,9 +80,16 @@ async def decide(
     metrics: Metrics | None = None,
     slo_s: float | None = None,
     pruner: Pruner | None = None,
+    tier: StoreTier | None = None,
 ) -> Routed:
     """Choose and book a route for ``req`` among ``candidates`` (with a ``pruner``, among the
-    holders of its first block and the least loaded of them: prune.py)."""
+    holders of its first block and the least loaded of them: prune.py). With a shared KV
+    store's ``tier``, the request carries what the store holds of it (priced in cost.py), and
+    its prefix is believed stored once booked: the engine that computes it writes it there."""
+    if tier is not None and req.keys:
+        hit = tier.hit(req.keys)
+        if hit is not None:
+            req = replace(req, store=hit)
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
         pruned = pruner.prune(store, req, candidates)
         if pruned is not None:
@@ -91,6 +99,8 @@ async def decide(
     snap, booking = await store.decide(req.keys, [c.id for c in candidates], chooser)
     assert chooser.decision is not None
     decision = chooser.decision
+    if tier is not None:
+        tier.record(req.keys)
     if metrics is not None:
         metrics.store_latency.labels("decide").observe(time.perf_counter() - started)
         metrics.decisions.labels(policy.name, decision.reason).inc()

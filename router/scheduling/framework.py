@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.state.base import Load, Snapshot
+from router.state.store_tier import StoreHit
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class RouteRequest:
     # (requests in flight, instances) over every candidate, set when the candidates were
     # pruned (prune.py), so whole-pool filters (bounded_load) keep their whole-pool view
     population: tuple[int, int] | None = None
+    # what a shared KV store holds of the prompt (kv_store; store_tier.py), None without one
+    store: StoreHit | None = None
 
 
 @dataclass(frozen=True)

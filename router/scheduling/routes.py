@@ -22,6 +22,7 @@ from router.scheduling.framework import Filter, RouteRequest, View
 from router.scheduling.pd_cost import admission_seconds, route_cost, transfer_tokens
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.scheduling.scorers import TTFTScorer
+from router.scheduling.store_cost import computed_tokens
 
 _new_view = tuple.__new__
 
@@ -64,7 +65,8 @@ class PairRoutes:
     def routes(self, req: RouteRequest, views: list[View]) -> list[View]:
         """Every eligible route, pairs first. A mixed instance may always serve alone
         (colocated). A decode instance prefills alone only when selective disaggregation
-        allows it: it lacks fewer than ``selective_threshold_tokens`` of the prompt, there
+        allows it: it lacks fewer than ``selective_threshold_tokens`` of the prompt (not
+        counting what it would load from a shared KV store), there
         is no usable prefill instance, or the queue ahead on the best pair's prefill
         instance alone outlasts doing the whole request locally. Otherwise prefill stays
         off the decode instances, whose time between tokens is what PD protects. SGLang
@@ -97,7 +99,8 @@ class PairRoutes:
         for i, d in enumerate(decodes):
             if not d.candidate.standalone:
                 continue
-            always = d.candidate.role == "mixed" or best is None or transfer_tokens(req, d) < threshold
+            lacks = transfer_tokens(req, d) if req.store is None else computed_tokens(req, d)  # a store load is no prefill
+            always = d.candidate.role == "mixed" or best is None or lacks < threshold
             if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
                 continue
             local = route_cost(req, d, None, w, pd)

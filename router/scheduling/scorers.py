@@ -90,6 +90,8 @@ class TTFTScorer:
 
     def estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         w = self._weights
+        if req.store is not None:  # a load from the shared store competes with the compute (store_cost.py)
+            return [colocated_ttft(req, r.prefilling, w).total_s for r in routes]
         default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
         prompt, block = req.prompt_tokens, req.block_tokens

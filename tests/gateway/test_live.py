@@ -239,3 +239,18 @@ def test_a_removed_instance_leaves_the_metrics_and_counts_again_when_it_returns(
             assert httpx.post(f"{url}/v1/completions", json=completion(10 + i)).status_code == 200
         served = [s for s in _engine_samples(url, "b") if s.startswith("pd_router_requests_total")]
         assert served and sum(float(s.split()[-1]) for s in served) == 2.0  # counted from zero again, not lost
+
+
+def test_patching_kv_store_switches_the_store_tier_on_and_off():
+    with router(backends=[FakeBackend("a")]) as (url, app):
+        assert app.state.service.store_tier is None
+        r = httpx.patch(f"{url}/admin/config", json={"kv_store": {"enabled": True, "capacity_tokens": 16_000}}, headers=AUTH)
+        assert r.status_code == 200 and "kv_store.enabled" in r.json()["changed"]
+        tier = app.state.service.store_tier
+        assert tier is not None and tier.capacity == 16_000 // app.state.config.hashing.block_tokens
+        assert httpx.post(f"{url}/v1/completions", json=completion(1)).status_code == 200
+        assert len(tier) > 0  # the routed prompt is believed stored
+        r = httpx.patch(f"{url}/admin/config", json={"kv_store": {"bandwidth_gbps": -1}}, headers=AUTH)
+        assert r.status_code == 422 and app.state.service.store_tier is tier
+        httpx.patch(f"{url}/admin/config", json={"kv_store": {"enabled": False}}, headers=AUTH)
+        assert app.state.service.store_tier is None

@@ -85,6 +85,7 @@ async def _generate(http: Request, kind: Kind) -> Response:
                                   sample_key=rt.sampler.request_key(p), tag=external_id)
                     for p in gen.prompts]
         await leg.prepare(requests)
+        await rt.lookup_store(requests)
         streams = [rt.driver.submit(r) for r in requests]
     except ApiError as exc:
         if leg is not None:
@@ -162,9 +163,18 @@ async def _sse(rt: EmulatorRuntime, renderer: Renderer, streams: list[RequestStr
     # As vLLM, a chat stream's assistant-role delta goes out with its first token, not before:
     # anything earlier would be a first byte that says nothing about TTFT.
     opened: set[int] = set() if kind == "chat" else set(range(len(streams)))
+    # With a shared store, a single stream writes its generated blocks every few blocks, so
+    # that a session moving to another engine finds them there (session migration).
+    write_every = rt.config.kv_store_write_blocks if rt.kv_store is not None and len(streams) == 1 else 0
+    sequence = list(streams[0].request.prompt) if write_every else []
+    written = len(sequence) // rt.engine.config.block_size
     try:
         sent = 0
         async for index, tokens in _merged(streams):
+            if write_every:
+                sequence.extend(tokens)
+                if len(sequence) // rt.engine.config.block_size - written >= write_every:
+                    written = rt.write_store(sequence)
             if index not in opened:
                 opened.add(index)
                 yield renderer.role_chunk(index)

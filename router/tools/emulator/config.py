@@ -133,6 +133,12 @@ class EmulatorConfig:
     """A replay ROUTER socket (always binds), e.g. ``tcp://*:0``."""
     kv_events_positional: bool = False
     """Encode events as positional arrays (vLLM before 0.32) instead of maps."""
+    kv_store_url: str | None = None
+    """A shared KV store (store_server.py): prompts look up their leading blocks there on
+    arrival and load what the engine lacks; computed blocks are written back. None = no store."""
+    kv_store_write_blocks: int = 16
+    """A stream writes its generated blocks to the store every this many blocks (and its
+    prompt's at the first token), so a session that moves on loses at most that many."""
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def validate(self) -> None:
@@ -155,6 +161,8 @@ class EmulatorConfig:
             raise ValueError("cache_tokens must hold at least one block")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if self.kv_store_write_blocks < 1:
+            raise ValueError("kv_store_write_blocks must be >= 1")
         if self.default_max_tokens < 1:
             raise ValueError("default_max_tokens must be >= 1")
         self.faults.validate()

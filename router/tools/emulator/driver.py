@@ -75,8 +75,10 @@ class EngineDriver:
 
     def __init__(self, engine: Engine, time_scale: float,
                  on_first_token: Callable[[RequestStream], None] | None = None,
-                 on_finished: Callable[[RequestStream], None] | None = None) -> None:
+                 on_finished: Callable[[RequestStream], None] | None = None,
+                 on_load: Callable[[EngineRequest], None] | None = None) -> None:
         self.engine = engine
+        self._on_load = on_load
         self.time_scale = time_scale
         self._on_first_token = on_first_token
         self._on_finished = on_finished
@@ -181,6 +183,12 @@ class EngineDriver:
         while True:
             now = self.model_now()
             out = engine.step(now) if engine.has_work() else None
+            if out is not None and out.loads:
+                for request in out.loads:  # store loads start with the step that admitted them
+                    if self._on_load is not None:
+                        self._on_load(request)
+                    else:
+                        engine.load_done(request.request_id)
             if out is None or out.idle:  # nothing to do, or all KV pinned by holds
                 self._model_time, self._mark_wall = now, loop.time()
                 self._idle = True

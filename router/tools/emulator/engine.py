@@ -18,6 +18,12 @@ Scheduling follows vLLM's V1 scheduler in spirit:
   preemption. The prefix-cache hit is computed once, at admission.
 * At least the last prompt block is always computed, so the first token
   comes from a real forward pass (as in vLLM).
+* With a shared KV store (kvstore.py), the leading tokens the store holds
+  beyond the local hit are loaded, not computed: admission reports them in
+  ``StepOutput.loads``, the rest of the prompt computes meanwhile, and only
+  its last token waits until the owner calls ``load_done``. (The loaded
+  blocks are published at admission, so another request on the same engine
+  may hit them before their bytes have arrived: a simplification.)
 
 Per-token work is a few integer operations per running request, so one
 process can emulate hundreds of concurrent streams.
@@ -72,6 +78,7 @@ class EngineCounters:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     transferred_tokens: int = 0
+    store_loaded_tokens: int = 0
     prefill_computed_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0
@@ -95,6 +102,7 @@ class Engine:
         """Set by the KV link owner: > 1 while a transfer is in flight on this engine's NIC."""
         self._token = token_fn
         self._requests: dict[str, EngineRequest] = {}
+        self._loads: list[EngineRequest] = []
 
     # -- intake ----------------------------------------------------------------
 
@@ -164,6 +172,14 @@ class Engine:
     def reset_prefix_cache(self) -> int:
         return self.kv.reset_prefix_cache()
 
+    def load_done(self, request_id: str) -> bool:
+        """The store load of a request finished: its last prompt token may run. False if unknown."""
+        request = self._requests.get(request_id)
+        if request is None or not request.loading:
+            return False
+        request.loading = False
+        return True
+
     # -- state -------------------------------------------------------------------
 
     def has_work(self) -> bool:
@@ -195,9 +211,10 @@ class Engine:
                     decode_ctx += r.prompt_len + r.num_output
                     budget -= 1
             elif budget > 0:
-                n = min(r.prompt_len - r.num_computed, budget)
-                prefills.append((r, n))
-                budget -= n
+                n = self._chunk(r, budget)
+                if n > 0:
+                    prefills.append((r, n))
+                    budget -= n
         while (self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             r = self.waiting[0]
@@ -205,9 +222,11 @@ class Engine:
                 break
             self.waiting.popleft()
             self.running.append(r)
-            n = min(r.prompt_len - r.num_computed, budget)
-            prefills.append((r, n))
-            budget -= n
+            n = self._chunk(r, budget)
+            if n > 0:
+                prefills.append((r, n))
+                budget -= n
+        loads, self._loads = self._loads, []
 
         shape = StepShape(
             prefill_tokens=sum(n for _, n in prefills),
@@ -230,7 +249,16 @@ class Engine:
             counters.steps += 1
             counters.busy_time += duration
         counters.prefill_computed_tokens += shape.prefill_tokens
-        return StepOutput(duration=duration, events=events, finished=finished, shape=shape)
+        return StepOutput(duration=duration, events=events, finished=finished, shape=shape, loads=loads)
+
+    @staticmethod
+    def _chunk(r: EngineRequest, budget: int) -> int:
+        """Prompt tokens of ``r`` to compute this step: while its store load moves, all but
+        the last (computing the rest overlaps the load; the first token needs all the KV)."""
+        left = r.prompt_len - r.num_computed
+        if r.loading:
+            left -= 1
+        return min(left, budget)
 
     def _admit(self, r: EngineRequest, now: float) -> bool:
         """Match the prefix cache and claim KV; False if it does not fit yet."""
@@ -251,7 +279,13 @@ class Engine:
         ready = min(r.kv_ready_tokens, r.prompt_len - 1)
         r.num_cached = cached
         r.num_transferred = max(0, ready - cached)
-        r.num_computed = cached + r.num_transferred
+        present = cached + r.num_transferred
+        stored = min(r.store_tokens, r.prompt_len - 1)  # the last token is always computed
+        r.num_loaded = max(0, stored - present)
+        if r.num_loaded:
+            r.loading = True
+            self._loads.append(r)
+        r.num_computed = present + r.num_loaded
         r.num_committed = hit
         self._commit_full_blocks(r)
         r.status = RequestStatus.RUNNING
@@ -261,6 +295,7 @@ class Engine:
         c.prompt_tokens += r.prompt_len
         c.cached_tokens += cached
         c.transferred_tokens += r.num_transferred
+        c.store_loaded_tokens += r.num_loaded
         return True
 
     def _commit_full_blocks(self, r: EngineRequest) -> None:

@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pd-fallback", choices=PD_FALLBACKS, default=d.pd_fallback,
       help="when remote KV is unavailable: fail (error) or prefill locally")
     a("--stats-history", type=int, default=d.stats_history)
+    a("--kv-store-url", default=None, help="a shared KV store (python -m router.tools.emulator.store_server)")
+    a("--kv-store-write-blocks", type=int, default=d.kv_store_write_blocks,
+      help="a stream writes its generated blocks to the store every N blocks")
     a("--kv-events-endpoint", default=None,
       help="publish KV events on ZMQ (tcp://*:PORT binds, a named host connects)")
     a("--kv-events-topic", default=d.kv_events_topic)
@@ -106,7 +109,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         bootstrap_port=args.bootstrap_port, bootstrap_timeout_s=args.bootstrap_timeout,
         stats_history=args.stats_history, kv_events_endpoint=args.kv_events_endpoint,
         kv_events_topic=args.kv_events_topic, kv_events_replay_endpoint=args.kv_events_replay_endpoint,
-        kv_events_positional=args.kv_events_positional, faults=faults,
+        kv_events_positional=args.kv_events_positional, kv_store_url=args.kv_store_url,
+        kv_store_write_blocks=args.kv_store_write_blocks, faults=faults,
     )
 
 
@@ -124,7 +128,8 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
             "--kv-dtype", c.kv_dtype,
             "--kv-transfer-interference", repr(c.kv_transfer_interference),
             "--kv-hold-timeout", repr(c.kv_hold_timeout_s),
-            "--pd-fallback", c.pd_fallback, "--stats-history", str(c.stats_history)]
+            "--pd-fallback", c.pd_fallback, "--stats-history", str(c.stats_history),
+            "--kv-store-write-blocks", str(c.kv_store_write_blocks)]
     optional = (("--model", c.model), ("--engine-id", c.engine_id),
                 ("--advertise-host", c.advertise_host), ("--cache-tokens", c.cache_tokens),
                 ("--max-batched-tokens", c.max_batched_tokens),
@@ -132,7 +137,7 @@ def config_to_argv(config: EmulatorConfig) -> list[str]:
                 ("--kv-bandwidth-gbps", c.kv_bandwidth_gbps),
                 ("--kv-events-endpoint", c.kv_events_endpoint),
                 ("--kv-events-replay-endpoint", c.kv_events_replay_endpoint),
-                ("--overlap-chunk-tokens", c.overlap_chunk_tokens))
+                ("--overlap-chunk-tokens", c.overlap_chunk_tokens), ("--kv-store-url", c.kv_store_url))
     for flag, value in optional:
         if value is not None:
             argv += [flag, repr(value) if isinstance(value, float) else str(value)]

@@ -54,6 +54,9 @@ class EngineRequest:
     """Leading prompt tokens whose KV arrives ready-made (PD decode side)."""
     hold_on_finish: bool = False
     """Keep the KV blocks pinned after finishing (PD prefill side)."""
+    store_tokens: int = 0
+    """Leading prompt tokens a shared KV store holds (looked up by the caller on arrival);
+    at admission the engine loads those it lacks (kvstore.py)."""
     tag: str | None = None
     """Opaque caller label (the HTTP layer puts the client's request id here)."""
 
@@ -67,6 +70,11 @@ class EngineRequest:
     """Prompt tokens served from the local prefix cache."""
     num_transferred: int = 0
     """Prompt tokens whose KV came from a PD peer."""
+    num_loaded: int = 0
+    """Prompt tokens whose KV is loaded from the shared store (decided at admission)."""
+    loading: bool = False
+    """The store load is still moving: the prompt's last token waits for it (the caller
+    clears it with ``Engine.load_done``)."""
     num_output: int = 0
     arrival_time: float = 0.0
     schedule_time: float | None = None
@@ -99,6 +107,9 @@ class StepOutput:
     events: list[Event]
     finished: list[EngineRequest]
     shape: StepShape
+    loads: list[EngineRequest] = field(default_factory=list)
+    """Requests admitted this step that must load ``num_loaded`` tokens from the store: the
+    caller moves the bytes (from the step's start) and then calls ``Engine.load_done``."""
 
     @property
     def idle(self) -> bool:

@@ -7,9 +7,11 @@ same engine, driver and counters; passing one runtime (stored on
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import uuid
+from dataclasses import asdict
 
 import httpx
 
@@ -23,7 +25,10 @@ from router.tools.emulator.openai_schema import Limits
 from router.tools.emulator.links import AsyncLink
 from router.tools.emulator.pd_sglang import BootstrapServer
 from router.tools.emulator.pd_vllm import KVHolds
+from router.tools.emulator.kvcache import block_hashes
+from router.tools.emulator.request import EngineRequest
 from router.tools.emulator.stats import FinishedRecord, StatsRecorder
+from router.tools.emulator.store_client import StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ class EmulatorRuntime:
         self.faults = FaultInjector(config.faults, config.seed, self._apply_faults)
         self.driver = EngineDriver(self.engine, config.time_scale,
                                    on_first_token=self._on_first_token,
-                                   on_finished=self._on_finished)
+                                   on_finished=self._on_finished, on_load=self._start_load)
         self.kv_bytes_per_token = config.kv_bytes_per_token(self.profile.kv_bytes_per_token)
         self.kv_link = AsyncLink(self.kv_bandwidth_gbps * 1e9 / 8, config.time_scale, self._link_busy)
         self.kv_holds = KVHolds(self.driver, config.kv_hold_timeout_s, self.stats.pd)
@@ -61,6 +66,10 @@ class EmulatorRuntime:
             self.kv_events = KVEventPublisher(
                 self.engine.kv.events, config.kv_events_endpoint, topic=config.kv_events_topic,
                 replay_endpoint=config.kv_events_replay_endpoint, positional=config.kv_events_positional)
+        self.kv_store: StoreClient | None = None
+        if config.kv_store_url:
+            self.kv_store = StoreClient(config.kv_store_url, lambda: self.http, self.engine.config.block_size)
+        self._loads: set[asyncio.Task[None]] = set()
         self.bootstrap: BootstrapServer | None = None
         self.bootstrap_port: int | None = None
         self.http: httpx.AsyncClient | None = None
@@ -83,6 +92,10 @@ class EmulatorRuntime:
 
     async def stop(self) -> None:
         self.kv_holds.close()
+        for task in list(self._loads):
+            task.cancel()
+        if self.kv_store is not None:
+            await self.kv_store.close()
         if self.bootstrap is not None:
             await self.bootstrap.close()
         if self.http is not None:
@@ -111,6 +124,44 @@ class EmulatorRuntime:
             "gpu_memory_utilization": str(self.profile.gpu_memory_utilization),
         }
 
+    # -- the shared KV store (store_client.py) -------------------------------------------
+    async def lookup_store(self, requests: list[EngineRequest]) -> None:
+        """Tell each request how many leading prompt tokens the store holds (on arrival)."""
+        if self.kv_store is None:
+            return
+        bs = self.engine.config.block_size
+        for r in requests:
+            if r.kv_ready_tokens >= r.prompt_len - 1:
+                continue  # a PD decode leg: its KV comes from the prefill engine
+            self.engine.prepare(r)
+            assert r.hashes is not None
+            limit = (r.prompt_len - 1) // bs
+            if limit:
+                r.store_tokens = await self.kv_store.lookup(r.hashes[:limit]) * bs
+
+    def _start_load(self, request: EngineRequest) -> None:
+        task = asyncio.get_running_loop().create_task(self._load(request))
+        self._loads.add(task)
+        task.add_done_callback(self._loads.discard)
+
+    async def _load(self, request: EngineRequest) -> None:
+        try:
+            if self.kv_store is not None and self.config.time_scale > 0:
+                await self.kv_store.load(request.num_loaded, request.num_loaded * self.kv_bytes_per_token)
+        finally:
+            if self.engine.load_done(request.request_id):
+                self.driver.wake()
+
+    def write_store(self, tokens: list[int]) -> int:
+        """Write the full blocks of ``tokens`` (a prompt and what followed it) to the store;
+        returns how many blocks that is."""
+        if self.kv_store is None:
+            return 0
+        bs = self.engine.config.block_size
+        hashes = block_hashes(tokens, bs, self.engine.config.hash_salt)
+        self.kv_store.write(hashes)
+        return len(hashes)
+
     def _link_busy(self, busy: bool) -> None:
         """Isolation: steps slow by the configured fraction while the NIC moves KV."""
         self.engine.transfer_slowdown = 1.0 + self.config.kv_transfer_interference if busy else 1.0
@@ -119,6 +170,8 @@ class EmulatorRuntime:
         self.engine.time_multiplier = faults.slowdown
 
     def _on_first_token(self, stream: RequestStream) -> None:
+        if self.kv_store is not None and stream.request.hashes:
+            self.kv_store.write(stream.request.hashes)  # what this engine computed (or received)
         if stream.first_token_wall is not None:
             self.metrics.observe_ttft(stream.first_token_wall - stream.arrival_wall)
 
@@ -165,5 +218,7 @@ class EmulatorRuntime:
             "model_time": {"steps": c.steps, "busy_s": c.busy_time,
                            "now_s": self.driver.model_now()},
             "faults": self.faults.config.to_dict(),
+            "store": {"url": self.config.kv_store_url, "loaded_tokens_admitted": c.store_loaded_tokens,
+                      **(asdict(self.kv_store.counters) if self.kv_store is not None else {})},
             **self.stats.to_dict(recent),
         }

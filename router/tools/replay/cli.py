@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residency", choices=RESIDENCIES, default="approximate",
                    help="where the router's residency comes from: its routing history (approximate) or the "
                         "simulated engines' KV events, i.e. their actual cache contents (precise)")
+    p.add_argument("--store-tokens", type=int, default=None,
+                   help="a KV store all engines share, of this many tokens (default: no store): engines write what they "
+                        "compute and load the prefixes they lack from it")
+    p.add_argument("--store-gbps", type=float, default=100.0, help="the store's read bandwidth, Gbit/s, shared by loads")
+    p.add_argument("--store-unaware", action="store_true",
+                   help="the engines share the store but the router is not told (kv_store.enabled off)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-bound", action="store_true", help="leave out the bound row (each request alone, everything earlier cached) and gap_closed")
     p.add_argument("--sweep", default=None, metavar="X,Y,...",
@@ -90,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--rate-scale and --ttft-slo must be > 0 and --limit >= 1")
         mixed = args.mixed if args.mixed is not None else (0 if args.prefill or args.decode else 8)
         spec = ClusterSpec(args.prefill, args.decode, mixed, args.profile, args.cache_tokens, args.link_gbps,
-                           router_cache_tokens=args.router_cache_tokens)
+                           router_cache_tokens=args.router_cache_tokens, store_tokens=args.store_tokens,
+                           store_gbps=args.store_gbps, store_aware=not args.store_unaware)
         base = load_trace(args.trace, args.seed).limited(args.limit)
         trace = base.scaled(args.rate_scale)
         scales = [float(x) for x in args.sweep.split(",")] if args.sweep else []

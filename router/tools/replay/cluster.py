@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from router.config.handoff import HandoffConfig
+from router.config.kvstore import KVStoreConfig
 from router.config.model import LinkConfig, PDConfig
 from router.tools.emulator.build import engine_config
 from router.tools.emulator.config import EmulatorConfig, FaultConfig
@@ -46,6 +47,9 @@ class ClusterSpec:
     zones: int = 1
     uplink_gbps: float | None = None  # per zone; None = 4 NICs' worth
     link_aware: bool = False  # the router books bytes in flight per link (pd.handoff.link_aware)
+    store_tokens: int | None = None  # a KV store every engine shares, of this many tokens; None = no store
+    store_gbps: float = 100.0  # the store's read bandwidth, shared by concurrent loads
+    store_aware: bool = True  # the router is told of the store (kv_store.enabled) and prices loads from it
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -56,6 +60,8 @@ class ClusterSpec:
             raise ValueError("need at least one decode or mixed instance to answer requests")
         if self.slowdown <= 0:
             raise ValueError("slowdown must be > 0")
+        if self.store_tokens is not None and (self.store_tokens < 16 or self.store_gbps <= 0):
+            raise ValueError("a store needs at least one block and a bandwidth > 0")
 
     @property
     def disaggregated(self) -> bool:
@@ -70,6 +76,13 @@ class ClusterSpec:
 
     def kv_bytes_per_token(self) -> int:
         return self.emulator_config().kv_bytes_per_token(self.perf().kv_bytes_per_token)
+
+    def kv_store_config(self) -> KVStoreConfig:
+        """What the router is told of the store (disabled when there is none or it is not told)."""
+        if self.store_tokens is None or not self.store_aware:
+            return KVStoreConfig()
+        return KVStoreConfig(enabled=True, bandwidth_gbps=self.store_gbps, capacity_tokens=self.store_tokens,
+                             bytes_per_token=self.kv_bytes_per_token(), setup_s=self.transfer_latency_s)
 
     def uplink(self) -> float:
         return self.uplink_gbps if self.uplink_gbps is not None else 4 * self.link()

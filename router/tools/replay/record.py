@@ -30,6 +30,7 @@ class Recorder:
     finish: list[float] = field(init=False)
     prompt: list[int] = field(init=False)
     cached: list[int] = field(init=False)  # prompt tokens the prefilling engine served from its cache
+    loaded: list[int] = field(init=False)  # prompt tokens it loaded from the shared KV store
     predicted: list[int] = field(init=False)  # prompt tokens the router's residency said it held there
     moved: list[int] = field(init=False)  # KV tokens sent P -> D
     output: list[int] = field(init=False)
@@ -54,6 +55,7 @@ class Recorder:
         self.finish = [nan] * self.n
         self.prompt = [0] * self.n
         self.cached = [0] * self.n
+        self.loaded = [0] * self.n
         self.predicted = [0] * self.n
         self.moved = [0] * self.n
         self.output = [0] * self.n
@@ -78,11 +80,13 @@ class Recorder:
                 self.transfer_estimate[i] = terms["transfer_s"]
         self.reasons[decision.reason] += 1
 
-    def prefilled(self, i: int, cached: int) -> None:
-        """The prefilling engine admitted the request with ``cached`` tokens from its cache."""
+    def prefilled(self, i: int, cached: int, loaded: int = 0) -> None:
+        """The prefilling engine admitted the request with ``cached`` tokens from its cache
+        and ``loaded`` from the shared store (both count as hits: neither is computed)."""
         self.cached[i] = cached
+        self.loaded[i] = loaded
         bucket = self.hit_series[int(self.arrival[i] // self.bucket_s)]
-        bucket[0] += cached
+        bucket[0] += cached + loaded
         bucket[1] += self.prompt[i]
 
     def step(self, node: int, now: float, duration: float, shape: StepShape) -> None:

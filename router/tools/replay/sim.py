@@ -18,6 +18,13 @@ the transfer overlaps the prefill. While a NIC moves KV, its engine's steps slow
 ``transfer_interference`` (isolation). (The source blocks stay pinned until the bytes
 have moved, as a real NIXL read needs.)
 
+With a shared KV store (``ClusterSpec.store_tokens``), the engine that computes a prompt
+writes its blocks there at the first token; an arriving request looks up what the store
+holds, and once admitted loads what its engine lacks over the store's bandwidth and the
+engine's NIC (shared with every other load and transfer) while the engine computes the rest;
+its last prompt token waits for the load (router.tools.emulator.kvstore). The router, when
+told (``store_aware``), keeps the store tier and prices loads (router.scheduling.store_cost).
+
 Events are a heap of (time, seq, kind, payload) merged with the sorted arrivals; at equal
 times arrivals come first, so requests arriving together can share an engine's next step.
 """
@@ -30,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from router.config.model import HashingConfig, StateConfig
+from router.tools.emulator.kvstore import KVStore
 from router.tools.emulator.links import Fabric
 from router.tools.emulator.request import EngineRequest, EventKind, StepOutput
 from router.scheduling.framework import Policy, RouteRequest
@@ -41,9 +49,11 @@ from router.tools.replay.trace import Trace
 from router.scheduling.decide import Routed, decide
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
+from router.state.store_tier import build_store_tier
 
 T = TypeVar("T")
-_STEP_END, _TRANSFER_END, _KICK, _LINK = 0, 1, 2, 3
+_STORE_LINK = ("store",)
+_STEP_END, _TRANSFER_END, _KICK, _LINK, _LOAD_END = 0, 1, 2, 3, 4
 _FIRST, _TOKEN = EventKind.FIRST_TOKEN, EventKind.TOKEN
 
 
@@ -98,13 +108,19 @@ class Simulation:
             self.feeds = EngineFeeds({n.id: n.engine for n in self.nodes}, model, hashing)
             self.store = self.feeds.store(self.store, caps, self._clock)
         self._prompts = PromptBuilder(trace.block_tokens, hashing, model)
-        self._profile = spec.perf()
         self._kv_bytes = spec.kv_bytes_per_token()
+        self._profile = spec.perf()
         self._streams = spec.flavor == "sglang"
         self._slowdown = 1.0 + spec.transfer_interference
         nic, uplink = spec.link() * 1e9 / 8, spec.uplink() * 1e9 / 8
         capacity: dict[Any, float] = {("nic", n.id): nic for n in self.nodes}
         capacity.update({("uplink", n.candidate.zone): uplink for n in self.nodes})
+        self.kvstore: KVStore | None = None
+        if spec.store_tokens is not None:
+            self.kvstore = KVStore(spec.store_tokens, self.nodes[0].engine.config.block_size)
+            capacity[_STORE_LINK] = spec.store_gbps * 1e9 / 8
+        self.tier = build_store_tier(spec.kv_store_config(), self._kv_bytes, hashing.block_tokens, self._clock)
+        self._loading: dict[str, tuple[Node, EngineRequest]] = {}
         self.fabric = Fabric(capacity)
         self._link_version = 0
         self._streaming: dict[int, list[Flight]] = {}  # prefill node -> its PD flights
@@ -141,6 +157,8 @@ class Simulation:
             elif kind == _LINK:
                 if payload == self._link_version:
                     self._links_due()
+            elif kind == _LOAD_END:
+                self._load_end(payload)
             else:
                 payload.kick_pending = False
                 self._step(payload)
@@ -173,6 +191,8 @@ class Simulation:
         out = node.engine.step(self.now)
         if self.feeds is not None:
             self.feeds.after_step(node.engine)
+        for request in out.loads:
+            self._start_load(node, request)
         if out.idle:  # the queue head waits for KV room; a release will kick the engine
             return
         node.busy = True
@@ -201,7 +221,7 @@ class Simulation:
         tokens = self._prompts.tokens(tr)
         req = RouteRequest(f"r{i}", self._prompts.keys(tr, tokens), tr.input_tokens, tr.output_tokens,
                            self._prompts.router_block_tokens)
-        routed = run_sync(decide(self.store, self.policy, req, self._candidates))
+        routed = run_sync(decide(self.store, self.policy, req, self._candidates, tier=self.tier))
         d = routed.decision
         answer = self._by_id[d.instance]
         prefill = self._by_id[d.prefill] if d.prefill is not None else None
@@ -224,15 +244,24 @@ class Simulation:
         self._flights[req.id] = flight
         if prefill is not None:
             self._streaming.setdefault(prefill.index, []).append(flight)
+        if self.kvstore is not None:
+            target.engine.prepare(er)
+            assert er.hashes is not None
+            bs = self.kvstore.block_size
+            er.store_tokens = self.kvstore.lookup(er.hashes[: (er.prompt_len - 1) // bs]) * bs
         target.engine.add_request(er, self.now)
         self._kick(target)
 
     def _first_token(self, node: Node, rid: str) -> None:
         flight = self._flights[rid]
+        if self.kvstore is not None:  # the engine that computed the prompt writes it to the store
+            computed = flight.source if node is flight.prefill else flight.request
+            if computed is not None and computed.hashes:
+                self.kvstore.put(computed.hashes)
         if node is flight.prefill:
             return  # the prefill leg's token never reaches the client; its finish hands off
         if flight.prefill is None:
-            self.record.prefilled(flight.index, flight.request.num_cached)
+            self.record.prefilled(flight.index, flight.request.num_cached, flight.request.num_loaded)
         self.record.first_token[flight.index] = self.now
         run_sync(self.store.prefill_done(flight.routed.booking))
 
@@ -249,7 +278,7 @@ class Simulation:
     def _start_transfer(self, flight: Flight, prefilled: EngineRequest) -> None:
         """The prefill finished: whatever of the KV has not left yet goes now."""
         assert flight.prefill is not None
-        self.record.prefilled(flight.index, prefilled.num_cached)
+        self.record.prefilled(flight.index, prefilled.num_cached, prefilled.num_loaded)
         flight.prefilled_at = self.now
         self._streaming[flight.prefill.index].remove(flight)
         self._stream(flight, prefilled, seal=True)
@@ -292,6 +321,9 @@ class Simulation:
         """Finish every transfer whose last byte moved (the setup latency still to pay)."""
         for t in [t for t in self.fabric.transfers.values() if t.done]:
             self.fabric.finish(t.id)
+            if isinstance(t.id, tuple):  # a store load
+                self._push(self.now + self.spec.transfer_latency_s, _LOAD_END, t.id[1])
+                continue
             self._push(self.now + self.spec.transfer_latency_s, _TRANSFER_END, self._flights[str(t.id)])
         self._reschedule_links()
 
@@ -302,3 +334,19 @@ class Simulation:
         self._kick(flight.prefill)
         flight.answer.engine.add_request(flight.request, self.now)
         self._kick(flight.answer)
+
+    # -- the shared KV store -------------------------------------------------------------
+    def _start_load(self, node: Node, request: EngineRequest) -> None:
+        """The engine admitted ``request`` with KV to load from the store: move it over the
+        store's bandwidth and the engine's NIC."""
+        self._loading[request.request_id] = (node, request)
+        self.fabric.start(("load", request.request_id), [_STORE_LINK, ("nic", node.id)],
+                          request.num_loaded * self._kv_bytes, sealed=True)
+        self._reschedule_links()
+
+    def _load_end(self, rid: str) -> None:
+        node, request = self._loading.pop(rid)
+        if self.kvstore is not None:
+            self.kvstore.loaded(request.num_loaded // self.kvstore.block_size, request.num_loaded * self._kv_bytes)
+        node.engine.load_done(rid)
+        self._kick(node)

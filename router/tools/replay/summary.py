@@ -5,7 +5,8 @@ Definitions (so tables from different runs compare):
 * TTFT: client first token - arrival; for a disaggregated request the decode engine's
   first token, so prefill, queueing on both engines and the KV transfer are all in it.
 * TBT: per-token gaps of every decoded token (see record.py), p50/p90/p99.
-* hit_ratio: prompt tokens the prefilling engine served from its prefix cache / prompt
+* hit_ratio: prompt tokens the prefilling engine served from its prefix cache or loaded from
+  the shared KV store (local_hit_ratio and store_hit_ratio apart) / prompt
   tokens, over routed requests (the decode side of a handoff does not count).
 * predicted_hit_ratio: the same with the tokens the router's residency said the
   prefilling instance held when it decided (approximate: routing history; precise: the
@@ -79,7 +80,9 @@ def summarize(sim: Simulation, slo_s: float) -> dict[str, object]:
     routed = [i for i in range(rec.n) if rec.mode[i]]
     rejected = set(rec.rejected)
     prompt = sum(rec.prompt[i] for i in routed if i not in rejected)
-    cached = sum(rec.cached[i] for i in routed if i not in rejected)
+    local = sum(rec.cached[i] for i in routed if i not in rejected)
+    loaded = sum(rec.loaded[i] for i in routed if i not in rejected)
+    cached = local + loaded
     predicted = sum(rec.predicted[i] for i in routed if i not in rejected)
     pool = [n for n in sim.nodes if n.candidate.role == "prefill"] or sim.nodes
     computed = {n.id: n.engine.counters.prefill_computed_tokens for n in sim.nodes}
@@ -105,6 +108,8 @@ def summarize(sim: Simulation, slo_s: float) -> dict[str, object]:
         "tbt_p90": _round(hist_percentile(rec.tbt_hist, 90, TBT_BIN_S)),
         "tbt_p99": _round(hist_percentile(rec.tbt_hist, 99, TBT_BIN_S)),
         "hit_ratio": _round(cached / prompt if prompt else math.nan),
+        "local_hit_ratio": _round(local / prompt if prompt else math.nan),
+        "store_hit_ratio": _round(loaded / prompt if prompt else math.nan),
         "predicted_hit_ratio": _round(predicted / prompt if prompt else math.nan),
         "residency": sim.residency,
         "max_mean_load": _round(max(pool_load) / mean_load if mean_load else math.nan),

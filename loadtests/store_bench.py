@@ -1,0 +1,130 @@
+"""Reuse through a shared KV store and session migration, each against its target.
+
+    python loadtests/store_bench.py replay [--trace PATH] [--limit N] [--jobs J] [--write]
+    python loadtests/store_bench.py migrate [--rounds N] [--write]
+
+replay: the Mooncake conversation trace (../shared/traces/conversation_trace.jsonl) on the
+colocated cluster of replay_bench (8 mixed engines, arrivals x2), without a store and with one
+every engine shares (--store-tokens, --store-gbps; the router told of it, and not told).
+Targets: hit ratio (local cache + store) of ``ttft`` with the store >= 1.8x the same cluster
+without one; p90 TTFT gap_closed >= 0.7, i.e. (best baseline without a store - ttft with it) /
+(best baseline without a store - bound). Also shown: gap_closed against the baselines on the
+same store cluster (the store helps them too).
+
+migrate: live, emulated vLLM engines (1 prefill + 2 decode, slowed --time-scale times so the
+CPU of a loaded machine weighs little; figures in model time) behind the router; a
+decode instance drops a stream after 64 tokens and the router continues it on the other
+decode instance (router/request/continuation.py). Measured at the client: time from the last
+token before the break to the next token, with a shared store (the continuation's prompt +
+generated blocks load from it) and without (re-prefill), against the TTFT of the same prompt
+fully cached. Target: with a store, the next token within 2x that TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.report import table, write_section
+from router.tools.replay.bound import bound_summary, gap_closed
+from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.run import replay
+from router.tools.replay.source import load_trace
+from router.tools.replay.trace import Trace, TraceError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+BASELINES = ("llmd_weighted", "sglang_cache_aware")
+RATE_SCALE = 2.0
+
+
+def _trace(path: str, limit: int | None) -> Trace:
+    return load_trace(path, 0).limited(limit).scaled(RATE_SCALE)
+
+
+def _one(job: tuple[str, int | None, str, str, dict[str, object]]) -> tuple[str, str, dict[str, object]]:
+    path, limit, label, policy, spec_fields = job
+    spec = ClusterSpec(mixed=8, **spec_fields)  # type: ignore[arg-type]
+    return label, policy, replay(_trace(path, limit), spec, policy).summary
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    try:
+        trace = _trace(args.trace, args.limit)
+    except TraceError as exc:
+        print(f"trace not readable: {args.trace}: {exc} (see ../shared/traces/README.md)", file=sys.stderr)
+        return 2
+    store = {"store_tokens": args.store_tokens, "store_gbps": args.store_gbps}
+    configs = {"no store": {}, "store": store, "store, router not told": {**store, "store_aware": False}}
+    jobs = [(args.trace, args.limit, label, policy, fields) for label, fields in configs.items()
+            for policy in ("ttft", *BASELINES) if label != "store, router not told" or policy == "ttft"]
+    results: dict[tuple[str, str], dict[str, object]] = {}
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for label, policy, summary in pool.map(_one, jobs):
+            results[(label, policy)] = summary
+            print(f"{label} / {policy}: p90 {summary['ttft_p90']} s, hit {summary['hit_ratio']}", file=sys.stderr)
+    bound = bound_summary(trace, ClusterSpec(mixed=8), 30.0)
+    b90 = float(bound["ttft_p90"])  # type: ignore[arg-type]
+
+    def p90(label: str, policy: str) -> float:
+        return float(results[(label, policy)]["ttft_p90"])  # type: ignore[arg-type]
+
+    best_plain = min(BASELINES, key=lambda p: p90("no store", p))
+    best_store = min(BASELINES, key=lambda p: p90("store", p))
+    rows = []
+    for (label, policy), s in results.items():
+        rows.append([label, policy, s["ttft_p50"], s["ttft_p90"], s["ttft_p99"], s["hit_ratio"], s["local_hit_ratio"],
+                     s["store_hit_ratio"], round(gap_closed(p90(label, policy), p90("no store", best_plain), b90), 2)])
+    rows.append(["bound", "-", bound["ttft_p50"], bound["ttft_p90"], bound["ttft_p99"], bound["hit_ratio"], "-", "-", "-"])
+    hit_x = float(results[("store", "ttft")]["hit_ratio"]) / float(results[("no store", "ttft")]["hit_ratio"])  # type: ignore[arg-type]
+    gap = gap_closed(p90("store", "ttft"), p90("no store", best_plain), b90)
+    gap_same = gap_closed(p90("store", "ttft"), p90("store", best_store), b90)
+    body = table(["cluster", "policy", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s", "hit ratio", "local hit", "store hit",
+                  "gap closed (vs best baseline, no store)"], rows)
+    body += (
+        f"\n\n{len(trace.requests)} requests, 8 mixed llama3-8b-h100 engines, arrivals x{RATE_SCALE:g}; store "
+        f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads. Virtual time: the "
+        f"figures do not depend on the machine's load.\n\n"
+        f"- hit ratio, `ttft` with the store / without: **{hit_x:.2f}x** (target >= 1.8x).\n"
+        f"- p90 gap_closed of `ttft` with the store, from the best baseline without one (`{best_plain}`, "
+        f"{p90('no store', best_plain):.3f} s) to the bound ({b90:.3f} s): **{gap:.2f}** (target >= 0.7).\n"
+        f"- the same from the best baseline on the same store cluster (`{best_store}`, "
+        f"{p90('store', best_store):.3f} s): {gap_same:.2f}: the store helps every policy; pricing it is worth "
+        f"{p90('store, router not told', 'ttft') - p90('store', 'ttft'):+.3f} s of p90 to `ttft` "
+        f"(not told: {p90('store, router not told', 'ttft'):.3f} s).\n")
+    print(body)
+    if args.write:
+        command = "python loadtests/store_bench.py replay --write" + (f" --limit {args.limit}" if args.limit else "")
+        write_section("Shared KV store: replay of the conversation trace", command, body)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("replay", help="hit ratio and gap_closed with and without a store")
+    r.add_argument("--trace", default=str(DEFAULT_TRACE))
+    r.add_argument("--limit", type=int, default=None)
+    r.add_argument("--store-tokens", type=int, default=20_000_000)
+    r.add_argument("--store-gbps", type=float, default=100.0)
+    r.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    r.add_argument("--write", action="store_true")
+    m = sub.add_parser("migrate", help="failure -> next token, store vs re-prefill")
+    m.add_argument("--rounds", type=int, default=5)
+    m.add_argument("--prompt-tokens", type=int, default=8000)
+    m.add_argument("--time-scale", type=float, default=10.0, help="wall seconds per model second of the engines")
+    m.add_argument("--write", action="store_true")
+    args = p.parse_args()
+    if args.mode == "replay":
+        return run_replay(args)
+    from loadtests.store_migrate import run_migrate
+    return run_migrate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The store term of the TTFT estimate: load a prefix from a shared KV store, or compute it.
+
+With a store (kv_store), an instance that lacks part of a prefix the store holds can load
+it instead of computing it: the bytes cross the store's bandwidth while the instance
+computes the rest of the prompt, so the prefill takes
+
+    max(load, prefill of what the store lacks)      load = setup + tokens x bytes / bandwidth
+
+against ``prefill of what the instance lacks`` without the store; the estimate takes the
+cheaper (cost.py). Stored tokens are expected ones (the tier's LRU confidence), as cached
+ones are. A copy on a new instance then costs a load, not a recompute: the placement filter
+(cache_room) prices displacing a stored prefix at its reload.
+"""
+
+from __future__ import annotations
+
+from router.scheduling.framework import RouteRequest, View
+
+
+def stored_tokens(req: RouteRequest) -> float:
+    """Prompt tokens the store is expected to hold (0 without a store)."""
+    hit = req.store
+    if hit is None:
+        return 0.0
+    return min(req.prompt_tokens, hit.blocks * req.block_tokens) * hit.confidence
+
+
+def load_seconds(req: RouteRequest, view: View, tokens: float) -> float:
+    """Seconds to load ``tokens`` of KV from the store onto ``view``'s instance."""
+    hit = req.store
+    if hit is None or tokens <= 0:
+        return 0.0
+    per_token = view.candidate.kv_bytes_per_token or hit.bytes_per_token
+    return hit.setup_s + tokens * per_token / hit.bytes_per_s
+
+
+def reload_seconds_per_token(req: RouteRequest, view: View) -> float | None:
+    """Seconds per token to bring a stored token back after an eviction (None without a store)."""
+    hit = req.store
+    if hit is None:
+        return None
+    return (view.candidate.kv_bytes_per_token or hit.bytes_per_token) / hit.bytes_per_s
+
+
+def computed_tokens(req: RouteRequest, view: View) -> float:
+    """Prompt tokens ``view``'s instance would compute itself: what neither its cache nor the
+    store holds (what the store holds is loaded, not computed)."""
+    return req.prompt_tokens - max(float(view.cached_tokens(req)), stored_tokens(req))
