@@ -27,8 +27,9 @@ _TOKEN_DOMAIN = b"i"
 _GROUP = 64  # blocks per struct call: a bounded set of compiled formats whatever the prompt length
 
 
+@functools.lru_cache(maxsize=1024)
 def root_seed(model: str, seed: int = 0) -> int:
-    """Seed of the chain: different models never share keys."""
+    """Seed of the chain: different models never share keys (kept per model: a handful are served)."""
     return xxhash.xxh64_intdigest(model.encode("utf-8"), seed=seed)
 
 

@@ -15,11 +15,9 @@ import asyncio
 import json
 import logging
 import random
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
 import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -28,6 +26,7 @@ from router.config.model import RouterConfig
 from router.core.errors import NoCapacity, NoRoute, RouterError, UpstreamFailure, UpstreamTimeout
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
+from router.core.shielded import shielded
 from router.engines.book import EngineBook
 from router.request.admission import Admission
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried, give_up_when_down, transport_failure
@@ -38,7 +37,7 @@ from router.request.keys import route_request
 from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
 from router.request.overload import HeldResponse, Overload
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
-from router.request.request_id import assign_request_id
+from router.request.request_id import assign_request_id, new_id
 from router.request.tokenize import build_tokenizer
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
@@ -47,7 +46,7 @@ from router.scheduling.prune import Pruner
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, Resumed, returned_pairs, upstream_headers
+from router.upstream.relay import RelayResponse, Resumed, raw_chunks, read_raw, returned_pairs, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +141,7 @@ class RouterService:
         if self.tokenizer is not None:
             parsed = await self.tokenizer.apply(parsed)
         request_id = assign_request_id(request.scope)
-        req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+        req = route_request(parsed, self.config.hashing, new_id(), self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         if not self.forward_authorization:
             headers.pop("authorization", None)
@@ -202,7 +201,7 @@ class RouterService:
                 failed.add(current.attempt.instance.id)
             raw = json.dumps(body).encode()
             again = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
-            req = route_request(again, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+            req = route_request(again, self.config.hashing, new_id(), self.config.policy.default_max_tokens)
             try:
                 response = await self._route(req, endpoint, again, raw, headers, request_id, Tried(exclude=set(failed)),
                                              slo, continuing=True)
@@ -324,10 +323,10 @@ class RouterService:
         attempt.streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
         try:  # until the first chunk (a stream) or the whole body (JSON) is here, another instance can still answer
             if attempt.streaming:
-                chunks = upstream.aiter_raw()
+                chunks = raw_chunks(upstream)
                 first = await anext(chunks, b"")
             else:
-                body = await upstream.aread()
+                body = await read_raw(upstream)
         except httpx.HTTPError as exc:
             await upstream.aclose()
             reason = type(exc).__name__
@@ -340,8 +339,7 @@ class RouterService:
         if attempt.streaming:
             return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
                                         self.config.proxy.idle_timeout_s))
-        with anyio.CancelScope(shield=True):
-            await self.lifecycle.end(attempt, "ok")
+        await shielded(self.lifecycle.end(attempt, "ok"))
         return Served(Response(body, status_code=status, headers=dict(returned_pairs(upstream))))
 
     async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:

@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import anyio
 import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from router.core.errors import UpstreamFailure
+from router.core.shielded import shielded
 from router.upstream.pool import UpstreamBody
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,24 @@ class StreamContinuer(Protocol):
     def flush(self) -> bytes: ...
 
     async def resume(self) -> Resumed | None: ...
+
+
+def raw_chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as it arrives, undecoded (the engine was asked for identity; an encoding it
+    applied anyway travels on in ``content-encoding``). From UpstreamTransport, its body
+    stream itself: httpx's chunker and per-chunk request context have nothing to do there.
+    The caller closes ``upstream``."""
+    stream = upstream.stream
+    return stream.__aiter__() if isinstance(stream, UpstreamBody) else upstream.aiter_raw()
+
+
+async def read_raw(upstream: httpx.Response) -> bytes:
+    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after."""
+    try:
+        parts = [chunk async for chunk in raw_chunks(upstream)]
+    finally:
+        await upstream.aclose()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, str]:
@@ -125,9 +143,12 @@ class RelayResponse(Response):
                 raise
         finally:
             watcher.cancel()
-            with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-                await self._observer.end(outcome)
+            await shielded(self._close(self._upstream, self._observer, outcome))
+
+    @staticmethod
+    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome) -> None:
+        await upstream.aclose()
+        await observer.end(outcome)
 
     def continue_with(self, continuer: StreamContinuer) -> None:
         self._continuer = continuer
@@ -151,9 +172,7 @@ class RelayResponse(Response):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return "upstream_error"
             # the broken attempt ends here; the relay goes on with the one that continues it
-            with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-                await self._observer.end("upstream_error")
+            await shielded(self._close(self._upstream, self._observer, "upstream_error"))
             self._upstream, self._first, self._chunks, self._observer = (
                 resumed.upstream, resumed.first, resumed.chunks, resumed.observer)
 
