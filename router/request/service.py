@@ -46,7 +46,7 @@ from router.scheduling.prune import Pruner
 from router.state.base import StateStore
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, Resumed, raw_chunks, read_raw, returned_pairs, upstream_headers
+from router.upstream.relay import RelayResponse, Resumed, WholeAnswer, raw_chunks, read_raw, returned_headers, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +340,7 @@ class RouterService:
             return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
                                         self.config.proxy.idle_timeout_s))
         await shielded(self.lifecycle.end(attempt, "ok"))
-        return Served(Response(body, status_code=status, headers=dict(returned_pairs(upstream))))
+        return Served(WholeAnswer(body, status, returned_headers(upstream)))
 
     async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:
         """The instance failed before anything reached the client: it counts against it, the next attempt goes elsewhere."""

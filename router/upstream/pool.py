@@ -36,10 +36,12 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.request: httpx.Request | None = None
         self.active = False  # a request is out; data arriving while idle kills the connection
+        # One parser for the connection's life: it is only reused after a complete message
+        # (an error, an answer cut short or one ending with the connection closes it).
+        self.parser = httptools.HttpResponseParser(self)
         self.reset()
 
     def reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status, self.reason, self.headers, self.pending = 0, b"", [], []  # type: ignore[var-annotated]
         self.chunks: deque[bytes] = deque()
         self.buffered, self.headers_done, self.complete, self.eof_body, self.paused = 0, False, False, False, False

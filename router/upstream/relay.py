@@ -85,8 +85,20 @@ async def read_raw(upstream: httpx.Response) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+_FORWARDED_RAW = {name.encode(): name for name in _FORWARDED}
+_RETURNED_RAW = frozenset(name.encode() for name in _RETURNED)
+
+
 def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, str]:
-    headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
+    raw = getattr(incoming, "raw", None)
+    if isinstance(raw, list):  # Starlette's Headers: one pass over the ASGI list (lower-case names) instead of a scan per name
+        headers: dict[str, str] = {}
+        for name, value in raw:
+            wanted = _FORWARDED_RAW.get(name)
+            if wanted is not None and wanted not in headers:  # the first value of a name, as headers[name] gives
+                headers[wanted] = value.decode("latin-1")
+    else:
+        headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
     headers["x-request-id"] = request_id
     headers["content-type"] = "application/json"
     # The router relays raw bytes chunk by chunk and reads JSON answers itself (the vLLM
@@ -95,12 +107,18 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
-def returned_pairs(upstream: httpx.Response) -> list[tuple[str, str]]:
-    return [(k, upstream.headers[k]) for k in _RETURNED if k in upstream.headers]
-
-
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), v.encode()) for k, v in returned_pairs(upstream)]
+    """The headers passed back, as ASGI wants them, in one pass over the engine's raw list."""
+    return [(name, value) for name, value in ((n.lower(), v) for n, v in upstream.headers.raw) if name in _RETURNED_RAW]
+
+
+class WholeAnswer(Response):
+    """An engine's complete answer relayed as it came: status, body and the returned headers
+    (Starlette's Response would re-derive and re-encode them)."""
+
+    def __init__(self, body: bytes, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code, self.body, self.background = status, body, None
+        self.raw_headers = [*headers, (b"content-length", b"%d" % len(body))]
 
 
 class RelayResponse(Response):
