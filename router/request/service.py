@@ -25,6 +25,7 @@ from starlette.responses import Response
 from router.config.model import RouterConfig
 from router.core.errors import NoCapacity, NoRoute, RouterError, UpstreamFailure, UpstreamTimeout
 from router.core.instances import Instance, InstancePool
+from router.core.disconnect import on_disconnect
 from router.core.metrics import Metrics
 from router.core.shielded import shielded
 from router.engines.book import EngineBook
@@ -149,13 +150,11 @@ class RouterService:
         task = asyncio.current_task()
         assert task is not None
 
-        async def watch_disconnect() -> None:  # until the answer starts, a gone client cancels the attempt
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+        def gone() -> None:  # until the answer starts, a gone client cancels the attempt
             tried.disconnected = True
             task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        stop = on_disconnect(request.scope, request.receive, gone)
         try:
             return await self._route(req, endpoint, parsed, raw, headers, request_id, tried, slo)
         except asyncio.CancelledError:
@@ -164,7 +163,7 @@ class RouterService:
             log.info("request %s: client_disconnect before the answer: upstream request cancelled", request_id)
             return Response(status_code=499)
         finally:
-            watcher.cancel()
+            stop()
 
     async def _route(self, req: RouteRequest, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes,
                      headers: dict[str, str], request_id: str, tried: Tried, slo: float | None,

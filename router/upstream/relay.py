@@ -20,6 +20,7 @@ import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from router.core.disconnect import on_disconnect
 from router.core.errors import UpstreamFailure
 from router.core.shielded import shielded
 from router.upstream.pool import UpstreamBody
@@ -145,22 +146,20 @@ class RelayResponse(Response):
         assert task is not None
         disconnected = False
 
-        async def watch_disconnect() -> None:
+        def gone() -> None:
             nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
             disconnected = True
             task.cancel()
 
-        # A bare task + Task.uncancel(): what an anyio task group did here, for less (it was ~8% of the CPU).
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        # A callback and Task.uncancel(): what an anyio task group did here, for less (it was ~8% of the CPU).
+        stop = on_disconnect(scope, receive, gone)
         try:
             outcome = await self._relay(send)
         except asyncio.CancelledError:
             if not disconnected or task.uncancel() > 0:  # cancelled from outside, not by the watcher
                 raise
         finally:
-            watcher.cancel()
+            stop()
             await shielded(self._close(self._upstream, self._observer, outcome))
 
     @staticmethod
