@@ -10,8 +10,8 @@ in-process test transport) watches ``receive()`` as before.
 
 from __future__ import annotations
 
-import logging
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 

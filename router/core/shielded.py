@@ -50,7 +50,7 @@ class _Rest:
             except GeneratorExit:
                 coro.close()
                 raise
-            except BaseException as exc:  # thrown into the awaiting task (a cancellation): the coroutine's to handle
+            except BaseException as exc:  # noqa: BLE001 - thrown into the awaiting task (a cancellation): the coroutine's to handle
                 try:
                     pending = coro.throw(exc)
                 except StopIteration as done:

@@ -16,7 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, decode_event
+from router.kvevents.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    decode_event,
+)
 from router.request.hashing import chain_keys, pack_tokens, root_seed, token_seed
 from router.state.precise import BlockTable, tier_of
 

@@ -23,9 +23,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.config.model import RouterConfig
+from router.core.disconnect import on_disconnect
 from router.core.errors import NoCapacity, NoRoute, RouterError, UpstreamFailure, UpstreamTimeout
 from router.core.instances import Instance, InstancePool
-from router.core.disconnect import on_disconnect
 from router.core.metrics import Metrics
 from router.core.shielded import shielded
 from router.engines.book import EngineBook
