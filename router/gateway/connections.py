@@ -10,6 +10,8 @@ callable, so ``--workers N`` children get it too). Each connection beyond ``max_
 is closed at once (logged, at most every 10 s); each request head (the first of a connection,
 and each later one from its first byte) must be complete within ``header_timeout_s`` and hold
 at most ``max_header_bytes`` (URL and headers), else 431 (httptools sets no limit of its own).
+Each request's scope also carries a :class:`router.core.disconnect.Disconnect`, fired when
+its connection is lost before the answer ended.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from router.core.disconnect import SCOPE_KEY, Disconnect
 
 log = logging.getLogger("router.gateway")
 
@@ -148,6 +152,7 @@ class GuardedHttpTools(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         if not self._refused:
+            self.scope[SCOPE_KEY] = Disconnect()  # type: ignore[literal-required]
             super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -160,4 +165,9 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
         super().connection_lost(exc)
+        if cycle is not None and not cycle.response_complete:
+            signal = cycle.scope.get(SCOPE_KEY)
+            if isinstance(signal, Disconnect):
+                signal.fire()

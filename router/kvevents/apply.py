@@ -16,17 +16,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import xxhash
-
-from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, decode_event
-from router.request.hashing import root_seed
+from router.kvevents.wire import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    decode_event,
+)
+from router.request.hashing import chain_keys, pack_tokens, root_seed, token_seed
 from router.state.precise import BlockTable, tier_of
 
-# The token domain byte of router.request.hashing.token_block_keys: the chain below must
-# give the very same keys (tests/kvevents/test_apply.py checks it against that function).
+# The chain below is router.request.hashing's own (chain_keys from token_seed): the very same
+# keys as token_block_keys (tests/kvevents/test_apply.py checks it against that function).
 log = logging.getLogger(__name__)
 
-_TOKEN_DOMAIN = b"i"
 _MASK64 = (1 << 64) - 1
 
 
@@ -53,11 +56,11 @@ class TableWriter:
     _roots: dict[str, int] = field(default_factory=dict)
 
     def root(self, lora_name: str | None) -> int:
-        """The chain's seed: the served model's, or the LoRA adapter's (requests name it as the model)."""
+        """The chain's start: the served model's, or the LoRA adapter's (requests name it as the model)."""
         name = lora_name or self.model
         seed = self._roots.get(name)
         if seed is None:
-            seed = self._roots[name] = root_seed(name, self.seed)
+            seed = self._roots[name] = token_seed(root_seed(name, self.seed))
         return seed
 
     def apply(self, events: list[Event]) -> None:
@@ -124,13 +127,11 @@ class TableWriter:
         n = min(len(hashes), len(tokens) // bs)
         prev: int | None = self.root(lora_name) if parent is None else table.last_key(parent)
         try:
-            packed = struct.pack(f"<{n * bs}I", *tokens[: n * bs])
+            packed = pack_tokens(tokens[: n * bs])
         except struct.error:
             c.refused += 1
             return
-        digest = xxhash.xxh64_intdigest
-        domain = _TOKEN_DOMAIN
-        per, stride = bs // rb, 4 * rb
+        per = bs // rb
         keys: list[tuple[int, ...]] = []
         if prev is None:  # the parent is unknown: only blocks stored before can be placed
             known = table.keys_of
@@ -141,18 +142,8 @@ class TableWriter:
                     n = j
                     break
                 keys.append(ks)
-        elif per == 1:  # the usual case: one router key per engine block
-            for j in range(n):
-                prev = digest(domain + packed[j * stride:(j + 1) * stride], seed=prev)
-                keys.append((prev,))
-        else:
-            for j in range(n):
-                base = j * bs * 4
-                group = []
-                for k in range(per):
-                    start = base + k * stride
-                    prev = digest(domain + packed[start:start + stride], seed=prev)
-                    group.append(prev)
-                keys.append(tuple(group))
+        else:  # the request chain over the same tokens: per router keys for each engine block
+            flat = chain_keys(packed, 4 * rb, n * per, prev)
+            keys = [(k,) for k in flat] if per == 1 else list(zip(*[iter(flat)] * per))
         table.store_run(hashes[:n], keys, tier)
         c.stored_blocks += n

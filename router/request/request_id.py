@@ -7,13 +7,22 @@ follows a request through router, prefill and decode.
 
 from __future__ import annotations
 
-import os
+import random
 
 from starlette.types import Scope
 
 from router.core.logs import REQUEST_ID_PATTERN
 
 SCOPE_KEY = "pd_router.request_id"  # an ASGI scope extension key: the id of this request
+
+
+def new_id() -> str:
+    """128 random bits as 32 hex digits, what ``uuid4().hex`` gives, for a fifth of its cost.
+
+    Not a secret (it is written on the answer), only unique: the module-level generator is
+    seeded from os.urandom and re-seeded in every forked worker, so replicas and ``--workers``
+    never share a sequence."""
+    return f"{random.getrandbits(128):032x}"
 
 
 def assign_request_id(scope: Scope) -> str:
@@ -28,5 +37,5 @@ def assign_request_id(scope: Scope) -> str:
             if REQUEST_ID_PATTERN.match(incoming):
                 chosen = incoming
             break
-    scope[SCOPE_KEY] = chosen = chosen or os.urandom(16).hex()  # what uuid4().hex gives, for less
+    scope[SCOPE_KEY] = chosen = chosen or new_id()
     return chosen

@@ -15,19 +15,19 @@ import asyncio
 import json
 import logging
 import random
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
 import httpx
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from router.config.model import RouterConfig
+from router.core.disconnect import on_disconnect
 from router.core.errors import NoCapacity, NoRoute, RouterError, UpstreamFailure, UpstreamTimeout
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
+from router.core.shielded import shielded
 from router.engines.book import EngineBook
 from router.request.admission import Admission
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried, give_up_when_down, transport_failure
@@ -38,7 +38,7 @@ from router.request.keys import route_request
 from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
 from router.request.overload import HeldResponse, Overload
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
-from router.request.request_id import assign_request_id
+from router.request.request_id import assign_request_id, new_id
 from router.request.tokenize import build_tokenizer
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
@@ -48,7 +48,7 @@ from router.state.base import StateStore
 from router.state.store_tier import build_store_tier
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, Resumed, returned_pairs, upstream_headers
+from router.upstream.relay import RelayResponse, Resumed, WholeAnswer, raw_chunks, read_raw, returned_headers, upstream_headers
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class RouterService:
             parsed = await self.tokenizer.apply(parsed)
             self.admission.check(parsed)  # with the exact token count of the (first) prompt
         request_id = assign_request_id(request.scope)
-        req = route_request(parsed, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+        req = route_request(parsed, self.config.hashing, new_id(), self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         if not self.forward_authorization:
             headers.pop("authorization", None)
@@ -154,13 +154,11 @@ class RouterService:
         task = asyncio.current_task()
         assert task is not None
 
-        async def watch_disconnect() -> None:  # until the answer starts, a gone client cancels the attempt
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+        def gone() -> None:  # until the answer starts, a gone client cancels the attempt
             tried.disconnected = True
             task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        stop = on_disconnect(request.scope, request.receive, gone)
         try:
             return await self._route(req, endpoint, parsed, raw, headers, request_id, tried, slo)
         except asyncio.CancelledError:
@@ -169,7 +167,7 @@ class RouterService:
             log.info("request %s: client_disconnect before the answer: upstream request cancelled", request_id)
             return Response(status_code=499)
         finally:
-            watcher.cancel()
+            stop()
 
     async def _route(self, req: RouteRequest, endpoint: Endpoint, parsed: ParsedRequest, raw: bytes,
                      headers: dict[str, str], request_id: str, tried: Tried, slo: float | None,
@@ -206,7 +204,7 @@ class RouterService:
                 failed.add(current.attempt.instance.id)
             raw = json.dumps(body).encode()
             again = parse_body(raw, endpoint, self.config.hashing.chars_per_token)
-            req = route_request(again, self.config.hashing, uuid.uuid4().hex, self.config.policy.default_max_tokens)
+            req = route_request(again, self.config.hashing, new_id(), self.config.policy.default_max_tokens)
             if self.store_tier is not None:  # session migration: the prompt and the tokens so far were written
                 self.store_tier.record(req.keys)  # to the store as they were computed, so the next instance loads them
             try:
@@ -330,10 +328,10 @@ class RouterService:
         attempt.streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
         try:  # until the first chunk (a stream) or the whole body (JSON) is here, another instance can still answer
             if attempt.streaming:
-                chunks = upstream.aiter_raw()
+                chunks = raw_chunks(upstream)
                 first = await anext(chunks, b"")
             else:
-                body = await upstream.aread()
+                body = await read_raw(upstream)
         except httpx.HTTPError as exc:
             await upstream.aclose()
             reason = type(exc).__name__
@@ -346,9 +344,8 @@ class RouterService:
         if attempt.streaming:
             return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
                                         self.config.proxy.idle_timeout_s))
-        with anyio.CancelScope(shield=True):
-            await self.lifecycle.end(attempt, "ok")
-        return Served(Response(body, status_code=status, headers=dict(returned_pairs(upstream))))
+        await shielded(self.lifecycle.end(attempt, "ok"))
+        return Served(WholeAnswer(body, status, returned_headers(upstream)))
 
     async def _failed_early(self, attempt: Attempt, reason: str, failure: RouterError) -> Retry:
         """The instance failed before anything reached the client: it counts against it, the next attempt goes elsewhere."""

@@ -102,11 +102,11 @@ async def decide(
     if tier is not None:
         tier.record(req.keys)
     if metrics is not None:
-        metrics.store_latency.labels("decide").observe(time.perf_counter() - started)
-        metrics.decisions.labels(policy.name, decision.reason).inc()
-        metrics.modes.labels(decision.mode).inc()
+        metrics.child("store_latency", "decide").observe(time.perf_counter() - started)
+        metrics.child("decisions", policy.name, decision.reason).inc()
+        metrics.child("modes", decision.mode).inc()
         if req.prompt_tokens:
             prefilling = decision.prefill or decision.instance
             cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
-            metrics.cached_ratio.labels(prefilling).observe(cached / req.prompt_tokens)
+            metrics.child("cached_ratio", prefilling).observe(cached / req.prompt_tokens)
     return Routed(booking, decision, snap, started)

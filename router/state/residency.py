@@ -15,12 +15,26 @@ entry's position is estimated from its stamp between the oldest and newest resid
 stamps, and its confidence is 1 while it sits in the newest ``1 - margin`` of the
 capacity, falling linearly to 0 at the capacity. Traffic pushing through an instance
 lowers the confidence of everything older, not only the TTL.
+
+Why it is laid out this way (recording a 512-block prompt is on every decision's path):
+- Expiry is kept per stamp range, not per entry: each instance has a short queue of
+  (time, last stamp handed out by then) marks, at most one per ``ttl / 64``; every stamp
+  up to the newest expired mark is expired. Refreshing a held key is then one C-level
+  stamp update and move in its LRU, with no expiry of its own to rewrite (an entry may
+  outlive its TTL by up to ``ttl / 64``, never expire early).
+- Only first keys are indexed by holder: prefixes are recorded whole from their first
+  block, so "which instances hold this prompt's first block" (the matching and pruning
+  question) is all the reverse index needs; the depth of each holder's match is then a
+  binary search in that holder's own LRU.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
+
+_MARKS_PER_TTL = 64
 
 
 class ResidencyIndex:
@@ -28,35 +42,63 @@ class ResidencyIndex:
         if not 0 < margin <= 1:
             raise ValueError("confidence margin must be in (0, 1]")
         self._ttl_s = ttl_s
+        self._mark_s = ttl_s / _MARKS_PER_TTL
         self._margin = margin
-        self._holders: dict[int, dict[str, float]] = {}  # key -> {instance: expiry}
+        self._heads: dict[int, dict[str, None]] = {}  # first key of a recorded prefix -> instances listing it
         self._lru: dict[str, OrderedDict[int, int]] = {}  # instance -> {key: stamp}, oldest first
         self._stamp: dict[str, int] = {}  # instance -> stamps handed out
         self._cap: dict[str, int] = {}  # instance -> the capacity it was last recorded with
+        self._marks: dict[str, deque[tuple[float, int]]] = {}  # instance -> (time, last stamp by then), oldest first
+        self._dead: dict[str, int] = {}  # instance -> every stamp up to this one has expired
 
     def record(self, instance: str, keys: Sequence[int], cap: int, now: float) -> None:
-        """``instance`` now holds ``keys`` (a whole prefix); evict beyond ``cap``."""
-        lru = self._lru.setdefault(instance, OrderedDict())
+        """``instance`` now holds ``keys`` (a whole prefix, from its first block); evict beyond ``cap``."""
+        if not keys:
+            return
+        lru = self._lru.get(instance)
+        if lru is None:
+            lru = self._lru[instance] = OrderedDict()
         self._cap[instance] = cap
-        stamp = self._stamp.get(instance, 0)
-        expiry = now + self._ttl_s
-        for key in reversed(keys):
-            self._holders.setdefault(key, {})[instance] = expiry
-            stamp += 1
-            lru[key] = stamp
-            lru.move_to_end(key)
-        self._stamp[instance] = stamp
+        n, stamp = len(keys), self._stamp.get(instance, 0)
+        dead = self._horizon(instance, now)
+        held = _leading_run(lru, keys)  # listed already (expired or not): a prefix's run is contiguous
+        listed = len(lru)
+        # Stamps tail first, so the head is the newest; new keys land at the end in that order,
+        # the held run is moved behind them: the tail of the LRU reads keys reversed.
+        lru.update(zip(reversed(keys), range(stamp + 1, stamp + n + 1)))
+        if len(lru) - listed != n - held:  # not one run after all (never seen): list every key the slow way
+            held = 0
+            for key in reversed(keys):
+                lru.move_to_end(key)
+        elif held:
+            deque(map(lru.move_to_end, islice(reversed(keys), n - held, None)), maxlen=0)
+        self._heads.setdefault(keys[0], {})[instance] = None
+        self._stamp[instance] = stamp + n
+        marks = self._marks.get(instance)
+        if marks is None:
+            marks = self._marks[instance] = deque()
+        if marks and now - marks[-1][0] < self._mark_s:
+            marks[-1] = (max(now, marks[-1][0]), stamp + n)
+        else:
+            marks.append((now, stamp + n))
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
+            self._drop(old, instance)
+        while lru:  # expired entries sit at the old end
+            old, oldest = next(iter(lru.items()))
+            if oldest > dead:
+                break
+            del lru[old]
             self._drop(old, instance)
 
     def unrecord(self, instance: str, keys: Sequence[int]) -> None:
         """Take back a speculative ``record`` (the request went elsewhere after all)."""
         lru = self._lru.get(instance)
+        if lru is None:
+            return
         for key in keys:
-            if lru is not None:
-                lru.pop(key, None)
-            self._drop(key, instance)
+            if lru.pop(key, None) is not None:
+                self._drop(key, instance)
 
     def matched(self, keys: Sequence[int], instances: Iterable[str], now: float) -> dict[str, int]:
         """Leading blocks of ``keys`` held by each instance (0 when none).
@@ -68,18 +110,19 @@ class ResidencyIndex:
         result = dict.fromkeys(instances, 0)
         if not keys:
             return result
-        first = self._holders.get(keys[0])
+        first = self._heads.get(keys[0])
         if not first:
             return result
-        holders = self._holders
-        for inst, expiry in first.items():
-            if inst not in result or expiry <= now:
+        for inst in first:
+            if inst not in result:
+                continue
+            lru, dead = self._lru[inst], self._horizon(inst, now)
+            if lru.get(keys[0], 0) <= dead:
                 continue
             lo, hi = 1, len(keys)  # keys[:lo] held; find the largest such lo
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                entry = holders.get(keys[mid - 1])
-                if entry is not None and entry.get(inst, 0.0) > now:
+                if lru.get(keys[mid - 1], 0) > dead:
                     lo = mid
                 else:
                     hi = mid - 1
@@ -87,8 +130,8 @@ class ResidencyIndex:
         return result
 
     def holders(self, key: int, now: float) -> list[str]:
-        """Instances whose entry for ``key`` has not expired."""
-        return [inst for inst, expiry in self._holders.get(key, {}).items() if expiry > now]
+        """Instances whose entry for ``key`` (the first key of a prompt) has not expired."""
+        return [inst for inst in self._heads.get(key, ()) if self._lru[inst].get(key, 0) > self._horizon(inst, now)]
 
     def confidence(self, instance: str, key: int) -> float:
         """How likely the engine still holds ``key`` given the traffic recorded since
@@ -123,10 +166,37 @@ class ResidencyIndex:
             self._drop(key, instance)
         self._stamp.pop(instance, None)
         self._cap.pop(instance, None)
+        self._marks.pop(instance, None)
+        self._dead.pop(instance, None)
+
+    def _horizon(self, instance: str, now: float) -> int:
+        """The newest expired stamp of ``instance`` at ``now`` (0: none)."""
+        dead = self._dead.get(instance, 0)
+        marks = self._marks.get(instance)
+        if marks and marks[0][0] <= now - self._ttl_s:
+            limit = now - self._ttl_s
+            while marks and marks[0][0] <= limit:
+                dead = marks.popleft()[1]
+            self._dead[instance] = dead
+        return dead
 
     def _drop(self, key: int, instance: str) -> None:
-        holders = self._holders.get(key)
-        if holders is not None:
-            holders.pop(instance, None)
-            if not holders:
-                del self._holders[key]
+        heads = self._heads.get(key)
+        if heads is not None:
+            heads.pop(instance, None)
+            if not heads:
+                del self._heads[key]
+
+
+def _leading_run(lru: OrderedDict[int, int], keys: Sequence[int]) -> int:
+    """How many leading ``keys`` ``lru`` lists, by binary search (the run is contiguous)."""
+    if keys[0] not in lru:
+        return 0
+    lo, hi = 1, len(keys)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if keys[mid - 1] in lru:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -36,10 +36,12 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.request: httpx.Request | None = None
         self.active = False  # a request is out; data arriving while idle kills the connection
+        # One parser for the connection's life: it is only reused after a complete message
+        # (an error, an answer cut short or one ending with the connection closes it).
+        self.parser = httptools.HttpResponseParser(self)
         self.reset()
 
     def reset(self) -> None:
-        self.parser = httptools.HttpResponseParser(self)
         self.status, self.reason, self.headers, self.pending = 0, b"", [], []  # type: ignore[var-annotated]
         self.chunks: deque[bytes] = deque()
         self.buffered, self.headers_done, self.complete, self.eof_body, self.paused = 0, False, False, False, False
@@ -116,7 +118,7 @@ class _Connection(asyncio.Protocol):
         if not waiter.done():
             waiter.set_exception(error("timed out", request=self.request))
 
-    async def send(self, data: bytes, request: httpx.Request, timeouts: Mapping[str, float | None]) -> None:
+    async def send(self, data: bytes, request: httpx.Request | None, timeouts: Mapping[str, float | None]) -> None:
         """Write one request, wait for the status line and headers."""
         self.reset()
         self.active, self.request = True, request
@@ -201,20 +203,28 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme != "http" or request.method not in ("GET", "POST") or not isinstance(request.stream, httpx.ByteStream):
             return await self._fallback.handle_async_request(request)
-        timeouts: Mapping[str, float | None] = request.extensions.get("timeout", {})
         head = [request.method.encode(), b" ", url.raw_path, b" HTTP/1.1\r\n"]
         for name, value in request.headers.raw:
             head += [name, b": ", value, b"\r\n"]
-        conn = await self._acquire((url.host, url.port or 80), request, timeouts)
+        head.append(b"\r\n")
+        return await self.exchange((url.host, url.port or 80), b"".join(head) + request.content,
+                                   request.extensions.get("timeout", {}), request)
+
+    async def exchange(self, key: tuple[str, int], data: bytes, timeouts: Mapping[str, float | None],
+                       request: httpx.Request | None = None) -> httpx.Response:
+        """Send ``data`` (a whole HTTP/1.1 request, head and body) to ``key`` = (host, port) on a
+        pooled connection; return once the status line and headers arrived, the body unread.
+        ``request`` only goes into the exceptions (the client's short cut has none)."""
+        conn = await self._acquire(key, request, timeouts)
         try:
-            await conn.send(b"".join(head) + b"\r\n" + request.content, request, timeouts)
+            await conn.send(data, request, timeouts)
         except BaseException:
             self.release(conn, reuse=False)
             raise
         return httpx.Response(conn.status, headers=conn.headers, stream=UpstreamBody(self, conn, timeouts.get("read")),
                               extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason})
 
-    async def _acquire(self, key: tuple[str, int], request: httpx.Request, timeouts: Mapping[str, float | None]) -> _Connection:
+    async def _acquire(self, key: tuple[str, int], request: httpx.Request | None, timeouts: Mapping[str, float | None]) -> _Connection:
         # the warmest idle connection to ``key``, else a new one, else wait for a free slot
         while True:
             idle, now = self._idle.get(key), time.monotonic()

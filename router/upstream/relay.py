@@ -16,12 +16,13 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-import anyio
 import httpx
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from router.core.disconnect import on_disconnect
 from router.core.errors import UpstreamFailure
+from router.core.shielded import shielded
 from router.upstream.pool import UpstreamBody
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,38 @@ class StreamContinuer(Protocol):
     async def resume(self) -> Resumed | None: ...
 
 
+def raw_chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as it arrives, undecoded (the engine was asked for identity; an encoding it
+    applied anyway travels on in ``content-encoding``). From UpstreamTransport, its body
+    stream itself: httpx's chunker and per-chunk request context have nothing to do there.
+    The caller closes ``upstream``."""
+    stream = upstream.stream
+    return stream.__aiter__() if isinstance(stream, UpstreamBody) else upstream.aiter_raw()
+
+
+async def read_raw(upstream: httpx.Response) -> bytes:
+    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after."""
+    try:
+        parts = [chunk async for chunk in raw_chunks(upstream)]
+    finally:
+        await upstream.aclose()
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+_FORWARDED_RAW = {name.encode(): name for name in _FORWARDED}
+_RETURNED_RAW = frozenset(name.encode() for name in _RETURNED)
+
+
 def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, str]:
-    headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
+    raw = getattr(incoming, "raw", None)
+    if isinstance(raw, list):  # Starlette's Headers: one pass over the ASGI list (lower-case names) instead of a scan per name
+        headers: dict[str, str] = {}
+        for name, value in raw:
+            wanted = _FORWARDED_RAW.get(name)
+            if wanted is not None and wanted not in headers:  # the first value of a name, as headers[name] gives
+                headers[wanted] = value.decode("latin-1")
+    else:
+        headers = {k: incoming[k] for k in _FORWARDED if k in incoming}
     headers["x-request-id"] = request_id
     headers["content-type"] = "application/json"
     # The router relays raw bytes chunk by chunk and reads JSON answers itself (the vLLM
@@ -77,12 +108,18 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
-def returned_pairs(upstream: httpx.Response) -> list[tuple[str, str]]:
-    return [(k, upstream.headers[k]) for k in _RETURNED if k in upstream.headers]
-
-
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
-    return [(k.encode(), v.encode()) for k, v in returned_pairs(upstream)]
+    """The headers passed back, as ASGI wants them, in one pass over the engine's raw list."""
+    return [(name, value) for name, value in ((n.lower(), v) for n, v in upstream.headers.raw) if name in _RETURNED_RAW]
+
+
+class WholeAnswer(Response):
+    """An engine's complete answer relayed as it came: status, body and the returned headers
+    (Starlette's Response would re-derive and re-encode them)."""
+
+    def __init__(self, body: bytes, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.status_code, self.body, self.background = status, body, None
+        self.raw_headers = [*headers, (b"content-length", b"%d" % len(body))]
 
 
 class RelayResponse(Response):
@@ -109,25 +146,26 @@ class RelayResponse(Response):
         assert task is not None
         disconnected = False
 
-        async def watch_disconnect() -> None:
+        def gone() -> None:
             nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
             disconnected = True
             task.cancel()
 
-        # A bare task + Task.uncancel(): what an anyio task group did here, for less (it was ~8% of the CPU).
-        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        # A callback and Task.uncancel(): what an anyio task group did here, for less (it was ~8% of the CPU).
+        stop = on_disconnect(scope, receive, gone)
         try:
             outcome = await self._relay(send)
         except asyncio.CancelledError:
             if not disconnected or task.uncancel() > 0:  # cancelled from outside, not by the watcher
                 raise
         finally:
-            watcher.cancel()
-            with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-                await self._observer.end(outcome)
+            stop()
+            await shielded(self._close(self._upstream, self._observer, outcome))
+
+    @staticmethod
+    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome) -> None:
+        await upstream.aclose()
+        await observer.end(outcome)
 
     def continue_with(self, continuer: StreamContinuer) -> None:
         self._continuer = continuer
@@ -151,9 +189,7 @@ class RelayResponse(Response):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return "upstream_error"
             # the broken attempt ends here; the relay goes on with the one that continues it
-            with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-                await self._observer.end("upstream_error")
+            await shielded(self._close(self._upstream, self._observer, "upstream_error"))
             self._upstream, self._first, self._chunks, self._observer = (
                 resumed.upstream, resumed.first, resumed.chunks, resumed.observer)
 

@@ -87,3 +87,58 @@ def test_the_cap_stays_below_the_file_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert connection_cap(10**9, 1000) <= soft - 1000
     assert connection_cap(10, 1000) == min(10, max(1, soft - 1064))
+
+
+@contextmanager
+def guarded_app(backend: FakeBackend) -> Iterator[tuple[str, object]]:
+    """The router app in front of ``backend``, served as ``serve`` serves it (GuardedProtocols)."""
+    with serve_app(backend.app()) as backend_url:
+        app = create_app(load_config(overrides={"instances": [{"url": backend_url, "name": "a"}],
+                                                "health": {"interval_s": 60}}))
+        port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio", lifespan="on",
+                                http=GuardedProtocols(ConnectionLimits(100, 5.0)))  # type: ignore[arg-type]
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{port}", app
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+
+def booked_requests(app) -> int:
+    return app.state.store.snapshot_now([], ["a"]).loads["a"].requests
+
+
+def released_within(app, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while booked_requests(app) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return booked_requests(app) == 0
+
+
+def test_a_client_gone_before_its_json_answer_is_released_at_once_by_the_servers_signal(caplog):
+    """The server's disconnect signal (router/core/disconnect.py), not a watcher task, cancels it."""
+    caplog.set_level(logging.INFO, logger="router")
+    with guarded_app(FakeBackend("a", first_byte_s=5)) as (url, app):
+        try:
+            httpx.post(f"{url}/v1/completions", json=BODY, timeout=0.5)
+        except httpx.ReadTimeout:
+            pass
+        assert released_within(app, 2.0)
+    assert any("client_disconnect before the answer" in r.getMessage() for r in caplog.records)
+
+
+def test_a_client_gone_mid_stream_is_released_by_the_servers_signal():
+    with guarded_app(FakeBackend("a", chunk_s=0.5, chunks=10)) as (url, app):
+        with httpx.stream("POST", f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=10) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            assert booked_requests(app) == 1
+        assert released_within(app, 2.0)

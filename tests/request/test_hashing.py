@@ -31,3 +31,38 @@ def test_model_seeds_differ_and_token_keys_differ_from_text():
     k = token_block_keys(toks, 16, SEED, 10)
     assert len(k) == 2 and k == token_block_keys(toks + [7], 16, SEED, 10)
     assert token_block_keys([1] * 16, 16, SEED, 10) != token_block_keys([2] * 16, 16, SEED, 10)
+
+
+def _reference_chain(data: bytes, size: int, n: int, seed: int) -> list[int]:
+    """The chain's definition, one block at a time."""
+    import xxhash
+
+    keys, prev = [], seed
+    for i in range(n):
+        prev = xxhash.xxh3_64_intdigest(data[i * size : (i + 1) * size], seed=prev)
+        keys.append(prev)
+    return keys
+
+
+def test_chain_keys_is_the_one_block_at_a_time_chain_at_every_length():
+    from router.request.hashing import chain_keys
+
+    data = bytes(range(256)) * 300
+    for n in (0, 1, 2, 63, 64, 65, 128, 130, 299):
+        assert chain_keys(data, 256, n, 12345) == _reference_chain(data, 256, n, 12345), n
+
+
+def test_token_chain_continues_where_a_shorter_prompt_stopped():
+    from router.request.hashing import token_chain
+
+    toks = list(range(1000, 1000 + 16 * 70))
+    whole = token_block_keys(toks, 16, SEED, 100)
+    head = token_block_keys(toks[: 16 * 40], 16, SEED, 100)
+    assert whole[:40] == head
+    assert token_chain(toks[16 * 40 :], 16, head[-1], 100) == whole[40:]
+
+
+def test_non_ascii_text_keys_follow_characters_not_bytes():
+    a = text_block_keys("é" * 64 + "x" * 64, 64, SEED, 10)
+    b = text_block_keys("é" * 64 + "y" * 64, 64, SEED, 10)
+    assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]

@@ -70,3 +70,28 @@ async def test_the_snapshot_carries_the_confidence_and_the_ttft_estimate_uses_it
     policy = build_policy(PolicyConfig(name="ttft"), rng=random.Random(0))
     d = policy.choose(RouteRequest("r", tuple(prefix), 1024, 16, 64), [Candidate("a"), Candidate("b")], snap)
     assert d.instance == "b"  # the same match, more likely still there
+
+
+def test_a_prefix_touched_again_lives_a_ttl_from_its_last_touch():
+    idx = ResidencyIndex(ttl_s=10)
+    idx.record("a", [1, 2, 3], cap=100, now=0)
+    idx.record("a", [1, 2], cap=100, now=8)  # a shorter prompt with the same head
+    assert idx.matched([1, 2, 3], ["a"], now=10.5) == {"a": 2}  # block 3 expired, the touched run did not
+    assert idx.holders(1, now=10.5) == ["a"]
+    assert idx.matched([1, 2, 3], ["a"], now=18.5) == {"a": 0} and idx.holders(1, now=18.5) == []
+    idx.record("a", [7, 8], cap=100, now=19)  # recording purges what expired
+    assert idx.fill("a") == 2 / 100
+
+
+def test_a_held_prefix_extended_keeps_its_head_newest_and_evicts_tail_first():
+    idx = ResidencyIndex(ttl_s=600)
+    idx.record("a", [1, 2], cap=6, now=0)
+    idx.record("a", [9, 10], cap=6, now=0)
+    idx.record("a", [1, 2, 3, 4], cap=6, now=0)  # 1, 2 held: 3, 4 join behind them
+    idx.record("a", [20], cap=6, now=0)  # one over the cap: 10 (the oldest) goes; then 9
+    assert idx.matched([9, 10], ["a"], now=1) == {"a": 1}
+    idx.record("a", [21], cap=6, now=0)
+    assert idx.matched([9, 10], ["a"], now=1) == {"a": 0}
+    assert idx.matched([1, 2, 3, 4], ["a"], now=1) == {"a": 4}
+    idx.record("a", [30, 31, 32], cap=6, now=0)  # three go, the deepest of the prefix first
+    assert idx.matched([1, 2, 3, 4], ["a"], now=1) == {"a": 1}

@@ -88,3 +88,38 @@ async def test_without_a_lean_transport_requests_go_through_the_client():
         assert not isinstance(response.stream, UpstreamBody)
         assert await response.aread() == b'{"ok": true}'
         await response.aclose()
+
+
+async def test_the_short_cut_writes_the_request_httpxs_client_layer_would():
+    headers = {"x-request-id": "r3", "content-type": "application/json", "accept-encoding": "identity",
+               "user-agent": "client/1.0", "traceparent": "00-ab-cd-01"}
+    upstream = Upstream.open(max_connections=4, timeout_s=2.0)
+    recorder = Recorder()
+    try:
+        async with recorder as url:
+            target = url + "/v1/completions?a=1"
+            for response in (await upstream.send(target, b'{"p": 1}', headers, TIMEOUT),
+                             await upstream.client.send(upstream.client.build_request(
+                                 "POST", target, content=b'{"p": 1}', headers=headers), stream=True)):
+                await response.aread()
+                await response.aclose()
+    finally:
+        await upstream.aclose()
+    lean, reference = (head.rstrip(b"\r\n").split(b"\r\n") for head in recorder.heads)
+    assert lean[0] == reference[0] == b"POST /v1/completions?a=1 HTTP/1.1"
+    assert sorted(h.lower() for h in lean[1:]) == sorted(h.lower() for h in reference[1:])
+    assert {b"content-length: 8", b"user-agent: client/1.0"} <= {h.lower() for h in lean}
+
+
+async def test_a_header_value_that_would_split_the_head_is_refused_before_sending():
+    upstream = Upstream.open(max_connections=4, timeout_s=2.0)
+    try:
+        async with Recorder() as url:
+            for bad in ("a\r\nx-evil: 1", "a\nb", "caf\u20ac"):
+                try:
+                    await upstream.send(url + "/x", b"{}", {"x-request-id": bad}, TIMEOUT)
+                except httpx.LocalProtocolError:
+                    continue
+                raise AssertionError(f"sent {bad!r}")
+    finally:
+        await upstream.aclose()

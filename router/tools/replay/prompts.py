@@ -19,7 +19,7 @@ import struct
 from array import array
 
 from router.config.model import HashingConfig
-from router.request.hashing import root_seed, token_block_keys
+from router.request.hashing import root_seed, token_block_keys, token_chain, token_seed
 from router.tools.replay.trace import TraceRequest
 
 _MAX_CACHED_IDS = 1_000_000  # ~8 keys each; beyond this the cache restarts (still correct)
@@ -58,17 +58,17 @@ class PromptBuilder:
             self._keys.clear()
         bt, per = self._bt, self._bt // self._rb
         keys: list[int] = []
-        prev = self._root
+        prev = token_seed(self._root)
         full = len(tokens) // bt
         for i, block in enumerate(req.blocks[:full]):
             if len(keys) >= self._max_blocks:
                 break
             cached = self._keys.get(block)
             if cached is None:
-                cached = tuple(token_block_keys(tokens[i * bt : (i + 1) * bt], self._rb, prev, per))
+                cached = tuple(token_chain(tokens[i * bt : (i + 1) * bt], self._rb, prev, per))
                 self._keys[block] = cached
             keys.extend(cached)
             prev = cached[-1]
         else:
-            keys.extend(token_block_keys(tokens[full * bt :], self._rb, prev, self._max_blocks))
+            keys.extend(token_chain(tokens[full * bt :], self._rb, prev, self._max_blocks))
         return tuple(keys[: self._max_blocks])
