@@ -1,0 +1,86 @@
+"""Sending a list of ops (redis_layout.Op) to Redis in one round trip.
+
+Standalone Redis: one call of lua/ops.lua carrying every op (Redis does not check slots
+there, and one call costs the server less than several). Redis Cluster: the ops grouped by
+hash tag, one call per tag, all in one pipeline; redis-py sends each node its share
+concurrently, so the round trip is still one (the slowest node's). Ops of one tag keep
+their order; ops of different tags touch different keys, so their order does not matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+
+from router.state.redis_layout import Arg, Op
+
+# What a failed call can raise (RedisClusterException is not a RedisError).
+FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+
+
+def script_source() -> str:
+    return (resources.files("router.state") / "lua" / "ops.lua").read_text()
+
+
+def _encode(ops: Sequence[Op]) -> tuple[list[str], list[Arg]]:
+    keys: list[str] = []
+    argv: list[Arg] = []
+    for op in ops:
+        keys += op.keys
+        argv += [op.code, len(op.keys), len(op.args), *op.args]
+    return keys, argv
+
+
+class Runner:
+    """Runs ops on a standalone client or a Cluster client, loading the script when missing."""
+
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, cluster: bool) -> None:
+        self._client = client
+        self._cluster = cluster
+        self._source = script_source()
+        self._sha = ""
+
+    async def load(self) -> None:
+        """SCRIPT LOAD (on every primary of a Cluster)."""
+        self._sha = str(await self._client.script_load(self._source))
+
+    async def run(self, ops: Sequence[Op]) -> list[Any]:
+        """Every op's reply, in order, after one round trip."""
+        if not ops:
+            return []
+        if not self._sha:
+            await self.load()
+        for attempt in (1, 2):
+            try:
+                return await self._send(ops)
+            except NoScriptError:  # Redis restarted, was flushed, or a node joined: load it, once
+                if attempt == 2:
+                    raise
+                await self.load()
+        raise AssertionError("unreachable")
+
+    async def _send(self, ops: Sequence[Op]) -> list[Any]:
+        if not self._cluster:
+            keys, argv = _encode(ops)
+            return list(await self._client.evalsha(self._sha, len(keys), *keys, *argv))
+        groups: dict[str, list[int]] = {}
+        for i, op in enumerate(ops):
+            groups.setdefault(op.tag, []).append(i)
+        if len(groups) == 1:
+            keys, argv = _encode(ops)
+            return list(await self._client.evalsha(self._sha, len(keys), *keys, *argv))
+        pipe = self._client.pipeline()
+        for indices in groups.values():
+            keys, argv = _encode([ops[i] for i in indices])
+            # execute_command: redis-py blocks the evalsha helper on Cluster pipelines, not the command
+            pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv)
+        replies: list[Any] = [None] * len(ops)
+        for indices, reply in zip(groups.values(), await pipe.execute()):
+            for i, one in zip(indices, reply):
+                replies[i] = one
+        return replies
