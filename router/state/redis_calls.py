@@ -10,17 +10,37 @@ their order; ops of different tags touch different keys, so their order does not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from router.state.redis_layout import Arg, Op
 
 # What a failed call can raise (RedisClusterException is not a RedisError).
 FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+
+
+class LinearPackConnection(Connection):
+    """redis-py's asyncio ``pack_command`` re-copies its buffer once per argument until the
+    buffer passes 6 KB, so a script call of 1,000 arguments (a 512-block prompt's keys and
+    LRU members) cost ~2.4 ms of CPU to pack, 20x what Redis spends running it (hiredis does
+    not help: the asyncio connection never uses its packer). The same bytes, joined once."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str):  # a command name of several words ('SCRIPT LOAD') goes as several arguments
+            args = tuple(args[0].encode().split()) + args[1:]
+        elif b" " in args[0]:
+            args = tuple(args[0].split()) + args[1:]
+        encode: Callable[[Any], bytes] = self.encoder.encode
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            data = arg.encode() if type(arg) is str else encode(arg)  # str: the encoder's utf-8, without its type checks
+            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        return [b"".join(parts)]
 
 
 def script_source() -> str:

@@ -38,6 +38,7 @@ import xxhash
 from router.state.base import Leg
 
 Arg = str | int | float
+_HEX = "{:016x}"  # block keys are 64-bit: fixed width, so a script can index them
 
 
 @dataclass(frozen=True)
@@ -86,11 +87,21 @@ class Layout:
         return [tag + ":loads", tag + ":lz", tag + ":bk", tag + ":leases"]
 
     def members(self, keys: Sequence[int]) -> list[str]:
-        """LRU members of a prompt's blocks: residency shard and block key."""
+        """LRU members of a prompt's blocks: residency shard and block key (16 hex digits)."""
         if not keys:
             return []
         shard = self.residency_shard(keys[0])
-        return [f"{shard}:{k}" for k in keys]
+        return [f"{shard}:{k:016x}" for k in keys]
+
+    @staticmethod
+    def hex_blocks(keys: Sequence[int]) -> str:
+        return "".join(map(_HEX.format, keys))
+
+    @staticmethod
+    def parse_member(member: str) -> tuple[int, str]:
+        """(residency shard, block key as the residency shard names it) of an LRU member."""
+        shard, _, key = member.partition(":")
+        return int(shard), str(int(key, 16))
 
     # -- residency shard ops -------------------------------------------------------------
     def lookup(self, keys: Sequence[int], record: Sequence[str], ttl_ms: int) -> Op:
@@ -110,16 +121,19 @@ class Layout:
 
     # -- instance shard ops --------------------------------------------------------------
     def book(self, tag: str, booking_id: str, lease_ms: int, request_tokens: float, read: Sequence[str], low: int,
-             legs: Sequence[Leg], caps: Sequence[int], members: Sequence[str]) -> Op:
-        """Read ``read``'s loads and the ``low`` least loaded of shard ``tag``; book ``legs`` (of this shard)."""
+             legs: Sequence[Leg], caps: Sequence[int], keys: Sequence[int], hex_keys: str = "") -> Op:
+        """Read ``read``'s loads and the ``low`` least loaded of shard ``tag``; book ``legs`` (of this
+        shard) and put the prompt's ``keys`` on their instances' LRUs (``hex_keys``: ``hex_blocks(keys)``,
+        built once per decision; sent only to shards with legs)."""
         args: list[Arg] = [booking_id, lease_ms, request_tokens, len(read), *read, low, len(legs)]
         for leg, cap in zip(legs, caps):
             args += [leg.instance, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes,
                      int(leg.transient), cap]
-        args.append(len(members))
-        args += members
-        keys = self._shard_keys(tag) + [tag + ":seq"] + [self.lru_key(leg.instance) for leg in legs]
-        return Op("B", tag, keys, args)
+        recorded = bool(keys and legs)
+        args += [self.residency_shard(keys[0]) if recorded else -1,
+                 (hex_keys or self.hex_blocks(keys)) if recorded else ""]
+        names = self._shard_keys(tag) + [tag + ":seq"] + [self.lru_key(leg.instance) for leg in legs]
+        return Op("B", tag, names, args)
 
     def writes(self, tag: str, request_tokens: float, pairs: Sequence[tuple[str, str]]) -> Op:
         """Batched (op, booking id) writes: 'P' prefill done, 'R' release."""

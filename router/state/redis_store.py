@@ -40,7 +40,7 @@ from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
 from router.state.breaker import Breaker, BreakerOpen
 from router.state.load_index import LoadIndex
 from router.state.memory import MemoryStore
-from router.state.redis_calls import FAILURES, Runner
+from router.state.redis_calls import FAILURES, LinearPackConnection, Runner
 from router.state.redis_layout import Layout, Op
 from router.state.redis_views import merged, parse_load, shard_reads
 
@@ -75,7 +75,7 @@ class RedisStore(StateStore):
         residency_shards: int = 16,
         instance_shards: int = 4,
         request_tokens: float = 16.0,
-        report_least_loaded: int = 8,
+        report_least_loaded: int = 4,
     ) -> None:
         self._url = url
         self._cluster = cluster
@@ -99,6 +99,7 @@ class RedisStore(StateStore):
         self._runner: Runner | None = None
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
         self._remote: dict[str, Load] = {}  # last shared view of each instance's load
+        self._parsed: dict[str, Load] = {}  # stored load text -> Load (bounded in parse_load)
         self._refresher: asyncio.Task[None] | None = None
         self._round_trips = 0
         self._breaker = Breaker(breaker_failures, breaker_probe_s)
@@ -111,7 +112,7 @@ class RedisStore(StateStore):
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         opts: dict[str, Any] = {"socket_timeout": self._timeout_s, "socket_connect_timeout": self._timeout_s,
-                                "decode_responses": True}
+                                "decode_responses": True, "connection_class": LinearPackConnection}
         if self._cluster:
             self._client = aioredis.RedisCluster.from_url(self._url, **opts)
         else:
@@ -252,16 +253,18 @@ class RedisStore(StateStore):
                 ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
         elif book_keys:
             ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
-        members = lay.members(book_keys)
+        hex_keys = lay.hex_blocks(book_keys) if book_keys else ""
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():
             caps = [self._caps.get(leg.instance, self._default_cap) for leg in legs]
             ops.append(lay.book(tag, booking.id if booking else "", self._lease_ms, self._request_tokens, read,
-                                self._low if booking is not None else 0, legs, caps, members))
+                                self._low if booking is not None else 0, legs, caps, book_keys, hex_keys))
         return ops
 
-    def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int]) -> tuple[dict[str, int], dict[str, Load]]:
+    def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int],
+                known: Mapping[str, int] | None = None) -> tuple[dict[str, int], dict[str, Load]]:
         """Holders' depths and shared loads from the replies; learn from them (mirror,
-        shared view, load index) and queue the residency entries evicted by capacity."""
+        shared view, load index) and queue the residency entries evicted by capacity.
+        ``known``: depths the mirror already had (those need no recording again)."""
         depth: dict[str, int] = {}
         loads: dict[str, Load] = {}
         first_lookup = True
@@ -272,19 +275,23 @@ class RedisStore(StateStore):
                     first_lookup = False
             elif op.code == "B":
                 read = op.args[4:4 + int(op.args[3])]
+                memo = self._parsed
                 for inst, packed in zip(read, reply[0]):
-                    loads[str(inst)] = parse_load(packed)
+                    loads[str(inst)] = parse_load(packed, memo)
                 low = reply[1]
                 for j in range(0, len(low), 2):
-                    loads.setdefault(low[j], parse_load(low[j + 1]))
+                    loads.setdefault(low[j], parse_load(low[j + 1], memo))
                 evicted = reply[2]
                 for j in range(0, len(evicted), 2):
-                    shard, _, key = evicted[j + 1].partition(":")
-                    self._queue_unholds(int(shard), [(key, evicted[j])])
-        self._remote.update(loads)
-        self._reindex(loads)
+                    shard, key = self._layout.parse_member(evicted[j + 1])
+                    self._queue_unholds(shard, [(key, evicted[j])])
+        remote = self._remote
+        changed = [inst for inst, load in loads.items() if remote.get(inst) != load]
+        remote.update(loads)
+        self._reindex(changed)
+        known = known or {}
         for inst, d in depth.items():
-            if d:
+            if d > known.get(inst, 0):
                 self._mirror.record_residency(inst, keys[:d])
         return depth, loads
 
@@ -323,7 +330,7 @@ class RedisStore(StateStore):
             return local, booking
         if self._uncertain:
             await self._settle()
-        depth, _ = self._absorb(ops, replies, keys)
+        depth, _ = self._absorb(ops, replies, keys, local.matched)
         considered = list(instances)
         known = set(considered)
         missed = [i for i in depth if i not in known]
@@ -333,11 +340,16 @@ class RedisStore(StateStore):
         own = self._mirror.snapshot_now((), considered)
         shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads)
         fresh = self._merged_view(shared, minus=booking)
+        if fresh.matched == local.matched and fresh.loads == local.loads:
+            return self._keep(booking, fresh)  # the shared view is the one chosen on: nothing to revise
         revised = choose.revise(fresh, booking)
         if revised is not None:
             booking = await self._move(booking, revised, shared.matched, local.matched)
+        return self._keep(booking, fresh)
+
+    def _keep(self, booking: Booking, snap: Snapshot) -> tuple[Snapshot, Booking]:
         self._active[booking.id] = booking
-        return fresh, booking
+        return snap, booking
 
     def _merged_view(self, snap: Snapshot, minus: Booking | None = None) -> Snapshot:
         """Per instance, the larger of this replica's own bookings and the shared view.

@@ -10,10 +10,22 @@ from router.state.redis_layout import Layout
 _IDLE = Load()
 
 
-def parse_load(packed: str) -> Load:
-    """A stored "requests:prefill:kv:transfers:transfer_bytes" ('' is idle)."""
+def parse_load(packed: str, memo: dict[str, Load] | None = None) -> Load:
+    """A stored "requests:prefill:kv:transfers:transfer_bytes" ('' is idle). ``memo``: the
+    caller's bounded cache (the same few values come back on every answer)."""
     if not packed:
         return _IDLE
+    if memo is None:
+        return _parse(packed)
+    load = memo.get(packed)
+    if load is None:
+        if len(memo) > 4096:
+            memo.clear()
+        load = memo[packed] = _parse(packed)
+    return load
+
+
+def _parse(packed: str) -> Load:
     try:
         return Load(*(max(0, int(part)) for part in packed.split(":")))
     except (ValueError, TypeError):  # written by something else: counts as idle, as in the scripts

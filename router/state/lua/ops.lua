@@ -14,7 +14,7 @@
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
 --   :bk             hash booking id -> pfdone flag + this shard's legs (\30 between legs, \31 between fields)
 --   :leases         zset booking id -> lease expiry (ms)
---   :lru:<inst>     zset "<residency shard>:<block key>" -> recency, capped at the capacity
+--   :lru:<inst>     zset "<residency shard>:<block key, 16 hex digits>" -> recency, capped at the capacity
 --   :seq            recency sequence
 
 local NOW
@@ -193,14 +193,31 @@ local function op_forget_mark(k0, nk, a0)
   return 1
 end
 
--- Put members on an instance's LRU (deeper blocks get lower recency, so capacity eviction
--- trims a prefix from its tail, as engines do); evicted members go to out (inst, member).
-local function remember(lru, seq, members, first, n, cap, inst, out)
+-- Put a prompt's blocks on an instance's LRU (deeper blocks get lower recency, so capacity
+-- eviction trims a prefix from its tail, as engines do); evicted members go to out (inst,
+-- member). member(d) names block d. Blocks already held (a leading run, found by binary
+-- search) whose deepest one is still in the younger half of the LRU keep their recency:
+-- they are at least cap/2 insertions from eviction, so only the new blocks are written (a
+-- hot prefix costs O(log n + new blocks), not O(n)). A run that has aged past the middle
+-- is touched whole again. (The price: new blocks can be younger than the held run before
+-- them; a run left cold for cap/2 insertions is then evicted head-run-first.)
+local function remember(lru, seq, member, n, cap, inst, out)
+  local held = 0
+  if n > 0 and redis.call('ZSCORE', lru, member(1)) then
+    local lo, hi = 1, n
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      if redis.call('ZSCORE', lru, member(mid)) then lo = mid else hi = mid - 1 end
+    end
+    local rank = redis.call('ZREVRANK', lru, member(lo))
+    if rank and rank < cap / 2 then held = lo end
+  end
+  if held >= n then return end
   local s = redis.call('INCR', seq)
   local batch = {}
-  for d = 1, n do
+  for d = held + 1, n do
     batch[#batch + 1] = s + (n - d + 1) / (n + 1)
-    batch[#batch + 1] = members[first + d - 1]
+    batch[#batch + 1] = member(d)
     if #batch >= 512 then redis.call('ZADD', lru, unpack(batch)); batch = {} end
   end
   if #batch > 0 then redis.call('ZADD', lru, unpack(batch)) end
@@ -214,7 +231,10 @@ end
 -- 'B' (instance shard): loads of some instances and the least-loaded few, then book this
 -- shard's legs of a booking (nlegs may be 0: a read). KEYS loads, lz, bk, leases, seq,
 -- lru x nlegs; ARGV id, lease_ms, request_tokens, nread, inst x nread, nlow, nlegs,
--- (inst, prefill, kv, transfers, transfer_bytes, transient, cap) x nlegs, nmem, member x nmem.
+-- (inst, prefill, kv, transfers, transfer_bytes, transient, cap) x nlegs, the prompt's
+-- residency shard, its block keys as one argument of 16 hex digits each (one argument
+-- instead of one per block halves what the router packs per decision, and the fixed width
+-- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
 -- Reply: {loads of the read instances, {inst, load} of the nlow least loaded, {inst,
 -- evicted member, ...}, 1 if booked now}; loads are read before this booking.
 local function op_book(k0, nk, a0)
@@ -239,9 +259,11 @@ local function op_book(k0, nk, a0)
   local nlegs = tonumber(ARGV[a + 1])
   a = a + 2
   local mem0 = a + 7 * nlegs
-  local nmem = tonumber(ARGV[mem0])
   local evicted, booked = {}, 0
   if nlegs > 0 and redis.call('HEXISTS', S.bk, id) == 0 then
+    local prefix, hex = ARGV[mem0] .. ':', ARGV[mem0 + 1]
+    local nblocks = math.floor(#hex / 16)
+    local function member(d) return prefix .. string.sub(hex, 16 * d - 15, 16 * d) end
     booked = 1
     local parts = {}
     for i = 0, nlegs - 1 do
@@ -249,7 +271,7 @@ local function op_book(k0, nk, a0)
       local inst = ARGV[b]
       parts[#parts + 1] = table.concat({inst, ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]}, '\31')
       add_load(S, inst, 1, ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4])
-      if nmem > 0 then remember(KEYS[k0 + 5 + i], KEYS[k0 + 4], ARGV, mem0 + 1, nmem, tonumber(ARGV[b + 6]), inst, evicted) end
+      if nblocks > 0 then remember(KEYS[k0 + 5 + i], KEYS[k0 + 4], member, nblocks, tonumber(ARGV[b + 6]), inst, evicted) end
     end
     redis.call('HSET', S.bk, id, '0' .. table.concat(parts, '\30'))
     redis.call('ZADD', S.leases, now_ms() + lease_ms, id)
