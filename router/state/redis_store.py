@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -49,12 +49,6 @@ log = logging.getLogger(__name__)
 _IDLE = Load()
 _MAX_QUEUED_UNHOLDS = 100_000  # beyond it, evicted entries are left to expire with the TTL
 _Queued = tuple[dict[str, tuple[str, Booking]], dict[int, list[tuple[str, str]]]]
-
-
-class Widening(Protocol):
-    def widen(self, instances: Sequence[str]) -> Sequence[str]:
-        """Add these instances (holders the pruning missed) to the candidates; return those added."""
-        ...
 
 
 class RedisStore(StateStore):
@@ -334,7 +328,7 @@ class RedisStore(StateStore):
         considered = list(instances)
         known = set(considered)
         missed = [i for i in depth if i not in known]
-        widen = getattr(choose, "widen", None)
+        widen = getattr(choose, "widen", None)  # RequestChooser.widen: holders the pruning left out
         if missed and widen is not None:
             considered += widen(missed)
         own = self._mirror.snapshot_now((), considered)
