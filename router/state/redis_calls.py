@@ -38,7 +38,8 @@ class LinearPackConnection(Connection):
         encode: Callable[[Any], bytes] = self.encoder.encode
         parts = [b"*%d\r\n" % len(args)]
         for arg in args:
-            data = arg.encode() if type(arg) is str else encode(arg)  # str: the encoder's utf-8, without its type checks
+            kind = type(arg)  # str and int without the encoder's chain of type checks (same bytes)
+            data = arg.encode() if kind is str else b"%d" % arg if kind is int else encode(arg)
             parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
         return [b"".join(parts)]
 

@@ -248,10 +248,12 @@ class RedisStore(StateStore):
         elif book_keys:
             ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
         hex_keys = lay.hex_blocks(book_keys) if book_keys else ""
+        # the least loaded of each shard feed pruning's index; a decision over the whole pool reads every load anyway
+        low = self._low if booking is not None and len(instances) < len(self._caps) else 0
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():
             caps = [self._caps.get(leg.instance, self._default_cap) for leg in legs]
             ops.append(lay.book(tag, booking.id if booking else "", self._lease_ms, self._request_tokens, read,
-                                self._low if booking is not None else 0, legs, caps, book_keys, hex_keys))
+                                low, legs, caps, book_keys, hex_keys))
         return ops
 
     def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int],

@@ -24,7 +24,7 @@ async def test_crashed_replica_load_expires_with_its_lease(redis_target, key_pre
     try:
         assert (await observer.snapshot([], INSTANCES)).loads["a"].requests == 1
         await asyncio.sleep(0.6)
-        # any script sweeps expired leases; a decision's lookup sees the load gone
+        # every replica's lease refresh sweeps expired leases; a decision's lookup sees the load gone
         snap, b = await observer.decide([], INSTANCES, GreedyChooser("next", [], only="b"))
         assert snap.loads["a"].requests == 0
         await observer.release(b)
