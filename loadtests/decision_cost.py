@@ -113,8 +113,14 @@ async def store_cpu(store) -> float:
     client = getattr(store, "_client", None)
     if client is None:
         return 0.0
-    info = await client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    from redis.asyncio import RedisCluster
+
+    if isinstance(client, RedisCluster):  # every primary's, summed
+        info = await client.info("cpu", target_nodes=RedisCluster.PRIMARIES)
+    else:
+        info = await client.info("cpu")
+    nodes = [info] if "used_cpu_user" in info else [v for v in info.values() if isinstance(v, dict)]
+    return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
 
 
 def memory_factory():
@@ -125,11 +131,12 @@ def memory_factory():
     return make
 
 
-def redis_factory(url: str):
+def redis_factory(url: str, cluster: bool = False):
     from router.state.redis_store import RedisStore
 
     async def make(ids):
-        store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5)
+        store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5,
+                           cluster=cluster)
         await store.start()
         return store
     return make
@@ -143,7 +150,8 @@ def load_note() -> str:
 
 async def main(args: argparse.Namespace) -> int:
     rows = []
-    stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else [])
+    stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else []) + \
+        ([("redis cluster", redis_factory(args.redis_cluster, cluster=True))] if getattr(args, "redis_cluster", None) else [])
     cases = [(name, factory, k) for name, factory in stores for k in (args.candidates if not args.pd else [0])]
     for name, factory, k in cases:
         for n in args.instances:
@@ -162,10 +170,11 @@ async def main(args: argparse.Namespace) -> int:
                 "Every instance carries a request of its own (random booked prefill), the prompt's prefix sits on 4 of them. "
                 "`decide` = residency look-up, candidate pruning (`pruning k`: the holders of the first block plus the k "
                 "least-loaded; `off`: every instance scored), `ttft` scoring, booking (memory: in-process; Redis: one "
-                "round trip to a local standalone redis-server). CPU columns: the benchmark process's CPU per decision "
+                "round trip to a local standalone redis-server, or to a local 3-node Cluster: one call per slot, "
+                "pipelined). CPU columns: the benchmark process's CPU per decision "
                 "(decision + release, hashing included) and the redis-server's (INFO cpu delta), both robust to a loaded "
                 "machine where wall-time percentiles are not. " + load_note())
-        write_section("Decision cost at scale", "python loadtests/decision_cost.py --redis redis://127.0.0.1:6399/0 --write",
+        write_section("Decision cost at scale", "python loadtests/decision_cost.py " + " ".join(sys.argv[1:]),
                       note + "\n\n" + out)
     return 0
 
@@ -173,6 +182,7 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--redis", help="also measure the Redis store at this URL")
+    p.add_argument("--redis-cluster", metavar="URL", help="also measure it on the Redis Cluster this node belongs to")
     p.add_argument("--instances", type=int, nargs="+", default=[8, 64, 256, 1024])
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     p.add_argument("--iterations", type=int, default=200)

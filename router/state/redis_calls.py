@@ -44,6 +44,18 @@ class LinearPackConnection(Connection):
         return [b"".join(parts)]
 
 
+def cluster_client(url: str, **opts: Any) -> aioredis.RedisCluster:
+    """A Cluster client whose node connections pack linearly too. RedisCluster fixes
+    ``connection_class=Connection`` in the kwargs it hands every node it discovers, so it is
+    swapped there (shared with its NodesManager) and on the seed nodes already built;
+    tests/state/test_sharding.py checks it holds for every node."""
+    client = aioredis.RedisCluster.from_url(url, **opts)
+    client.connection_kwargs["connection_class"] = LinearPackConnection
+    for node in client.startup_nodes:
+        node.connection_class = LinearPackConnection
+    return client
+
+
 def script_source() -> str:
     return (resources.files("router.state") / "lua" / "ops.lua").read_text()
 
@@ -92,14 +104,20 @@ class Runner:
         groups: dict[str, list[int]] = {}
         for i, op in enumerate(ops):
             groups.setdefault(op.tag, []).append(i)
+        client = self._client
+        assert isinstance(client, aioredis.RedisCluster)
         if len(groups) == 1:
             keys, argv = _encode(ops)
-            return list(await self._client.evalsha(self._sha, len(keys), *keys, *argv))
-        pipe = self._client.pipeline()
-        for indices in groups.values():
+            return list(await client.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv,
+                                                     target_nodes=client.get_node_from_key(ops[0].tag)))
+        pipe = client.pipeline()
+        for tag, indices in groups.items():
             keys, argv = _encode([ops[i] for i in indices])
-            # execute_command: redis-py blocks the evalsha helper on Cluster pipelines, not the command
-            pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv)
+            # execute_command: redis-py blocks the evalsha helper on Cluster pipelines, not the command.
+            # target_nodes: the node of the tag's slot, looked up once instead of redis-py hashing every
+            # key of the call (a 512-block prompt's KEYS) to check they share it; a MOVED answer
+            # (resharding) is re-sent by redis-py without it, by key.
+            pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv, target_nodes=client.get_node_from_key(tag))
         replies: list[Any] = [None] * len(ops)
         for indices, reply in zip(groups.values(), await pipe.execute()):
             for i, one in zip(indices, reply):

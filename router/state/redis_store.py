@@ -40,7 +40,7 @@ from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
 from router.state.breaker import Breaker, BreakerOpen
 from router.state.load_index import LoadIndex
 from router.state.memory import MemoryStore
-from router.state.redis_calls import FAILURES, LinearPackConnection, Runner
+from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
 from router.state.redis_views import merged, parse_load, shard_reads
 
@@ -108,7 +108,7 @@ class RedisStore(StateStore):
         opts: dict[str, Any] = {"socket_timeout": self._timeout_s, "socket_connect_timeout": self._timeout_s,
                                 "decode_responses": True, "connection_class": LinearPackConnection}
         if self._cluster:
-            self._client = aioredis.RedisCluster.from_url(self._url, **opts)
+            self._client = cluster_client(self._url, **opts)
         else:
             self._client = aioredis.from_url(self._url, **opts)
         self._runner = Runner(self._client, self._cluster)

@@ -9,6 +9,7 @@ import threading
 
 import redis
 
+from router.state.redis_calls import LinearPackConnection
 from router.state.redis_store import RedisStore
 from state.test_contract import GreedyChooser  # type: ignore[import-not-found]
 
@@ -61,6 +62,8 @@ async def test_the_state_is_spread_over_every_cluster_node(redis_cluster_url, ke
             counts.append(sum(1 for _ in node.scan_iter(match=f"{{{key_prefix}:*")))
             node.close()
         assert len(counts) == 3 and all(c > 0 for c in counts), counts
+        client = store._client
+        assert all(node.connection_class is LinearPackConnection for node in client.get_nodes())  # not redis-py's quadratic packer
     finally:
         await store.close()
 
