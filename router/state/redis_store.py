@@ -8,7 +8,7 @@ The first byte's write (prefill done) needs no answer, so it waits in a queue an
 along with this replica's next round trip (any request's decision or release, or a timer
 ``flush_s`` later), in front of it, so reads still see every earlier write; a release that
 finds it still queued supersedes it. Residency entries that capacity eviction took off an
-instance's LRU are queued the same way (their blocks live in another shard).
+instance's LRU are queued the same way (their blocks live in another shard): redis_queue.py.
 
 One round trip per routing decision: the policy chooses on this replica's local mirror
 (a MemoryStore fed by every answer Redis gives), then the ops look up the authoritative
@@ -42,13 +42,12 @@ from router.state.load_index import LoadIndex
 from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
+from router.state.redis_queue import WriteQueue
 from router.state.redis_views import merged, parse_load, shard_reads
 
 log = logging.getLogger(__name__)
 
 _IDLE = Load()
-_MAX_QUEUED_UNHOLDS = 100_000  # beyond it, evicted entries are left to expire with the TTL
-_Queued = tuple[dict[str, tuple[str, Booking]], dict[int, list[tuple[str, str]]]]
 
 
 class RedisStore(StateStore):
@@ -74,12 +73,7 @@ class RedisStore(StateStore):
         self._url = url
         self._cluster = cluster
         self._layout = Layout(key_prefix, residency_shards, instance_shards)
-        self._flush_s = flush_s
-        self._queued: dict[str, tuple[str, Booking]] = {}  # booking id -> ('P' prefill done | 'R' release, booking)
-        self._unholds: dict[int, list[tuple[str, str]]] = {}  # residency shard -> (block key, instance) to take back
-        self._unhold_count = 0
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
+        self._writes = WriteQueue(self._layout, request_tokens, flush_s, self._send_queued)
         self._caps = dict(caps)
         self._default_cap = default_cap
         self._lease_ms = int(lease_s * 1000)
@@ -117,13 +111,10 @@ class RedisStore(StateStore):
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
 
     async def close(self) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-        if self._has_queued() and self._runner is not None:
+        self._writes.cancel_timer()
+        if self._writes and self._runner is not None:
             await self._send_queued()
-        for task in list(self._flushing):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._writes.wait()
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -150,71 +141,21 @@ class RedisStore(StateStore):
         assert self._runner is not None, "RedisStore.start() was not awaited"
         if not self._breaker.allow():
             raise BreakerOpen("state store breaker open")
-        queued, taken = self._take_queued()
+        queued, taken = self._writes.take()
         self._round_trips += 1
         try:
             replies = await self._runner.run(queued + ops)
         except BaseException as exc:
-            self._requeue(taken)
+            self._writes.restore(taken)
             if isinstance(exc, FAILURES):
                 self._breaker.failure()
             raise
         self._breaker.success()
         return replies[len(queued):]
 
-    def _has_queued(self) -> bool:
-        return bool(self._queued or self._unholds)
-
-    def _take_queued(self) -> tuple[list[Op], _Queued]:
-        """The queued writes as ops (one per shard), and what they were made of."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        ops: list[Op] = []
-        if self._queued:
-            by_tag: dict[str, list[tuple[str, str]]] = {}
-            for booking_id, (op, booking) in self._queued.items():
-                for tag in dict.fromkeys(self._layout.instance_tag(i) for i in booking.instances):
-                    by_tag.setdefault(tag, []).append((op, booking_id))
-            ops += [self._layout.writes(tag, self._request_tokens, pairs) for tag, pairs in by_tag.items()]
-        ops += [self._layout.unhold(shard, pairs) for shard, pairs in self._unholds.items()]
-        taken = (self._queued, self._unholds)
-        self._queued, self._unholds, self._unhold_count = {}, {}, 0
-        return ops, taken
-
-    def _requeue(self, taken: _Queued) -> None:
-        """Writes that were not sent go with the next round trip (newer ones win)."""
-        queued, unholds = taken
-        for booking_id, entry in queued.items():
-            self._queued.setdefault(booking_id, entry)
-        for shard, pairs in unholds.items():
-            self._queue_unholds(shard, pairs)
-
-    def _queue(self, booking: Booking, op: str) -> None:
-        self._queued[booking.id] = (op, booking)
-        self._arm_timer()
-
-    def _queue_unholds(self, shard: int, pairs: list[tuple[str, str]]) -> None:
-        if self._unhold_count + len(pairs) > _MAX_QUEUED_UNHOLDS:
-            return
-        self._unholds.setdefault(shard, []).extend(pairs)
-        self._unhold_count += len(pairs)
-        self._arm_timer()
-
-    def _arm_timer(self) -> None:
-        if self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_later)
-
-    def _flush_later(self) -> None:
-        self._flush_timer = None
-        if self._has_queued():
-            task = asyncio.get_running_loop().create_task(self._send_queued(), name="pd-router-state-flush")
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
-
     async def _send_queued(self) -> None:
         """The queued writes alone, in one round trip (a release, or the timer)."""
-        if not self._has_queued() or not self._breaker.allow():  # held off: they wait (or their leases expire)
+        if not self._writes or not self._breaker.allow():  # held off: they wait (or their leases expire)
             return
         try:
             await self._call([])
@@ -280,7 +221,7 @@ class RedisStore(StateStore):
                 evicted = reply[2]
                 for j in range(0, len(evicted), 2):
                     shard, key = self._layout.parse_member(evicted[j + 1])
-                    self._queue_unholds(shard, [(key, evicted[j])])
+                    self._writes.unhold(shard, [(key, evicted[j])])
         remote = self._remote
         changed = [inst for inst, load in loads.items() if remote.get(inst) != load]
         remote.update(loads)
@@ -403,21 +344,21 @@ class RedisStore(StateStore):
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
         self._reindex(booking.instances)
-        if booking.id in self._active and booking.id not in self._queued:
-            self._queue(booking, "P")  # no round trip of its own: see the module docstring
+        if booking.id in self._active and booking.id not in self._writes:
+            self._writes.put(booking, "P")  # no round trip of its own: see the module docstring
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)
         self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
-            self._queued[booking.id] = ("R", booking)  # supersedes a queued prefill done of the same booking
+            self._writes.put(booking, "R", arm=False)  # supersedes a queued prefill done of the same booking
             await self._send_queued()  # with every other write queued: one round trip
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self._mirror.abandon(booking, held)
         self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
-            self._queued.pop(booking.id, None)  # the abandon drops the booking: nothing queued for it is left to do
+            self._writes.discard(booking.id)  # the abandon drops the booking: nothing queued for it is left to do
             await self._best_effort("abandon", self._drop_ops(booking, held))
 
     async def forget_instance(self, instance: str) -> None:
@@ -443,7 +384,7 @@ class RedisStore(StateStore):
         uncertain, self._uncertain = self._uncertain, {}
         for booking_id, booking in uncertain.items():
             if booking_id not in self._active:
-                self._queued[booking_id] = ("R", booking)
+                self._writes.put(booking, "R", arm=False)
         await self._send_queued()  # all of them in one batched round trip
 
     async def _refresh_loop(self) -> None:
