@@ -16,7 +16,7 @@ The per-request CPU figures give the projection to N = 32 on paper: replicas on 
 each serve N / router-CPU requests per second, until the Redis cores saturate at
 cores / Redis-CPU (one for standalone Redis, one per primary of a Cluster, less its skew).
 
-    python loadtests/scale_out.py [--replicas 1 2] [--write]
+    python loadtests/scale_out.py [--replicas 1 2] [--redis-cluster URL] [--write]
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def replicas(config: dict[str, Any], n: int) -> Iterator[list[RouterProcess]]:
         yield [stack.enter_context(router_process(config)) for _ in range(n)]
 
 
-async def booked_load(redis_url: str, prefix: str, instances: Sequence[str]) -> int:
+async def booked_load(redis_url: str, prefix: str, instances: Sequence[str], cluster: bool = False) -> int:
     """Requests + prefill + KV tokens still booked in Redis over ``instances`` (0 = no phantom load)."""
-    store = RedisStore(redis_url, {}, key_prefix=prefix)
+    store = RedisStore(redis_url, {}, key_prefix=prefix, cluster=cluster)
     await store.start()
     try:
         loads = (await store.snapshot((), list(instances))).loads.values()
@@ -115,9 +115,24 @@ def quality(n: int, redis_url: str, args: argparse.Namespace) -> Quality:
     return Quality(n, cached / prompt if prompt else 0.0, errors, seconds, phantom)
 
 
+def redis_cpu_seconds(redis_url: str, cluster: bool) -> float:
+    """CPU the Redis server (every primary of a Cluster) has used so far."""
+    import redis
+
+    if cluster:
+        client = redis.RedisCluster.from_url(redis_url)
+        nodes = list(client.info("cpu", target_nodes=redis.RedisCluster.PRIMARIES).values())
+    else:
+        client = redis.Redis.from_url(redis_url)
+        nodes = [client.info("cpu")]
+    client.close()
+    return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
+
+
 @dataclass
 class Throughput:
     replicas: int
+    redis: str
     rps: float
     router_cpu_us: float
     redis_cpu_us: float
@@ -137,47 +152,50 @@ async def _fleet_load(fleet: Sequence[RouterProcess], concurrency: int, duration
     return sum(r.completed for r in results), sum(r.errors for r in results)
 
 
-def throughput(n: int, redis_url: str, redis_pid: int, args: argparse.Namespace) -> Throughput:
-    import redis
-
+def throughput(n: int, redis_url: str, args: argparse.Namespace, cluster: bool = False) -> Throughput:
     with zero_backend(2) as (backends, _):
         prefix = f"scalez{os.getpid()}n{n}r{random.getrandbits(24)}"
         config = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)],
-                  "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": prefix}}
+                  "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": prefix,
+                            "sharding": {"cluster": cluster}}}
         with replicas(config, n) as fleet:
             asyncio.run(_fleet_load(fleet, args.concurrency, 0.0, args.warmup))  # warm-up, not recorded
             pids = [p for r in fleet for p in tree(r.process.pid)]
-            info = redis.Redis.from_url(redis_url)
-            cpu = info.info("cpu")
-            server0 = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-            before = cpu_seconds(pids)
+            server0, before = redis_cpu_seconds(redis_url, cluster), cpu_seconds(pids)
             answers, errors = asyncio.run(_fleet_load(fleet, args.concurrency, args.duration, 0.0))
-            used = cpu_seconds(pids) - before
-            cpu = info.info("cpu")
-            server = float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]) - server0
-            info.close()
+            used, server = cpu_seconds(pids) - before, redis_cpu_seconds(redis_url, cluster) - server0
             time.sleep(0.2)
-            phantom = asyncio.run(booked_load(redis_url, prefix, ["z0", "z1"]))
+            phantom = asyncio.run(booked_load(redis_url, prefix, ["z0", "z1"], cluster))
     answers = max(1, answers)
-    return Throughput(n, answers / args.duration, used / answers * 1e6, server / answers * 1e6, errors, phantom)
+    return Throughput(n, "Cluster (3 primaries)" if cluster else "standalone", answers / args.duration,
+                      used / answers * 1e6, server / answers * 1e6, errors, phantom)
 
 
 def projection(rows: Sequence[Throughput], target: int = 32) -> str:
-    """Throughput at ``target`` replicas from the last measured row's per-request CPU."""
-    last = rows[-1]
-    router_rps = target / (last.router_cpu_us * 1e-6)
-    lines = [f"- Per request, at N = {last.replicas}: {last.router_cpu_us:.0f} µs of router CPU, "
-             f"{last.redis_cpu_us:.0f} µs of Redis CPU, 2 Redis round trips (decision; release with the "
-             f"queued first-byte write)."]
+    """Throughput at ``target`` replicas from the measured per-request CPU: the last standalone
+    row for standalone Redis, the last Cluster row (if measured) for a Cluster."""
+    alone = [r for r in rows if r.redis == "standalone"][-1]
+    on_cluster = [r for r in rows if r.redis != "standalone"]
+    router_rps = target / (alone.router_cpu_us * 1e-6)
+    lines = [f"- Per request, at N = {alone.replicas} on standalone Redis: {alone.router_cpu_us:.0f} µs of router CPU, "
+             f"{alone.redis_cpu_us:.0f} µs of Redis CPU, 2 Redis round trips (decision; release with the queued "
+             f"first-byte write)."]
     lines.append(f"- N = {target} replicas, one core each: {router_rps:,.0f} req/s of router capacity.")
-    for name, cores in (("standalone Redis (one core)", 1.0), ("Redis Cluster, 3 primaries", 3 * 0.8),
-                        ("Redis Cluster, 8 primaries", 8 * 0.8)):
-        redis_rps = cores / (last.redis_cpu_us * 1e-6)
+    cases = [("standalone Redis (one core)", 1.0, alone.redis_cpu_us)]
+    if on_cluster:
+        c = on_cluster[-1]
+        lines.append(f"- On the 3-node Cluster (N = {c.replicas}): {c.router_cpu_us:.0f} µs of router CPU and "
+                     f"{c.redis_cpu_us:.0f} µs of Redis CPU per request, summed over the primaries (a decision is one "
+                     f"call per slot it touches instead of one call).")
+        cases += [("a Redis Cluster of 3 primaries", 3 * 0.8, c.redis_cpu_us), ("a Redis Cluster of 8 primaries", 8 * 0.8, c.redis_cpu_us),
+                  ("a Redis Cluster of 16 primaries", 16 * 0.8, c.redis_cpu_us)]
+    for name, cores, cost in cases:
+        redis_rps = cores / (cost * 1e-6)
         bound = "Redis-bound" if redis_rps < router_rps else "router-bound"
         lines.append(f"- with {name}: Redis saturates at {redis_rps:,.0f} req/s → N = {target} serves "
-                     f"{min(router_rps, redis_rps):,.0f} req/s ({bound}); replicas that Redis can feed: "
-                     f"{redis_rps * last.router_cpu_us * 1e-6:.0f}.")
-    lines.append("- Cluster primaries counted at 0.8 of a core each: a decision's residency shard follows the prompt's "
+                     f"{min(router_rps, redis_rps):,.0f} req/s ({bound}); replicas it can feed: "
+                     f"{redis_rps * alone.router_cpu_us * 1e-6:.0f}.")
+    lines.append("- Cluster primaries are counted at 0.8 of a core each: a decision's residency shard follows the prompt's "
                  "first block, so a few hot system prompts load their slots' nodes more than others; instance shards "
                  "spread evenly. Each decision touches 1 residency slot and ≤ `instance_shards` instance slots, so adding "
                  "nodes divides the per-node work but not the round trips.")
@@ -196,26 +214,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--redis-cluster", metavar="URL", help="also measure throughput at the largest N on this Redis Cluster")
     p.add_argument("--write", action="store_true", help="write the section into docs/benchmarks.md")
     args = p.parse_args(argv)
     load_before = os.getloadavg()
-    with redis_server() as (redis_url, redis_pid):
+    with redis_server() as (redis_url, _):
         qual = [quality(n, redis_url, args) for n in args.replicas]
         for q in qual:
             print(f"quality N={q.replicas}: hit {q.hit_ratio:.3f} errors {q.errors} phantom {q.phantom} ({q.seconds:.1f} s)",
                   file=sys.stderr, flush=True)
-        thr = [throughput(n, redis_url, redis_pid, args) for n in args.replicas]
+        thr = [throughput(n, redis_url, args) for n in args.replicas]
+        if args.redis_cluster:
+            thr.append(throughput(max(args.replicas), args.redis_cluster, args, cluster=True))
         for t in thr:
-            print(f"throughput N={t.replicas}: {t.rps:.0f} req/s router {t.router_cpu_us:.0f} µs redis {t.redis_cpu_us:.0f} µs "
+            print(f"throughput N={t.replicas} {t.redis}: {t.rps:.0f} req/s router {t.router_cpu_us:.0f} µs redis {t.redis_cpu_us:.0f} µs "
                   f"errors {t.errors} phantom {t.phantom}", file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     base = qual[0].hit_ratio
     out = table(["replicas", "engine-measured hit ratio", "vs 1 replica (points)", "errors", "booked load left in Redis"],
                 [[q.replicas, f"{q.hit_ratio:.3f}", f"{(q.hit_ratio - base) * 100:+.1f}", q.errors, q.phantom] for q in qual])
-    out += "\n\n" + table(["replicas", "req/s (fleet)", "router CPU µs / request", "Redis CPU µs / request", "errors",
+    out += "\n\n" + table(["replicas", "Redis", "req/s (fleet)", "router CPU µs / request", "Redis CPU µs / request", "errors",
                            "booked load left in Redis"],
-                          [[t.replicas, f"{t.rps:,.0f}", f"{t.router_cpu_us:.0f}", f"{t.redis_cpu_us:.0f}", t.errors, t.phantom]
-                           for t in thr])
+                          [[t.replicas, t.redis, f"{t.rps:,.0f}", f"{t.router_cpu_us:.0f}", f"{t.redis_cpu_us:.0f}", t.errors,
+                            t.phantom] for t in thr])
     out += "\n\nProjection to N = 32 (on paper, from the measured per-request costs):\n\n" + projection(thr)
     note = (f"Quality: {args.engines} emulated vLLM engines of {args.cache_tokens:,} KV tokens, {args.requests} chat requests "
             f"({args.groups} tenants × 4 users, seed {args.seed}), {args.clients} concurrent clients spread over the replicas, "

@@ -217,6 +217,10 @@ def test_scale_out_end_to_end_with_one_replica(capsys: pytest.CaptureFixture[str
 def test_scale_out_projection_names_the_bound() -> None:
     from loadtests.scale_out import Throughput, projection
 
-    text = projection([Throughput(2, 900.0, router_cpu_us=1000.0, redis_cpu_us=250.0, errors=0, phantom=0)])
+    alone = Throughput(2, "standalone", 900.0, router_cpu_us=1000.0, redis_cpu_us=250.0, errors=0, phantom=0)
+    text = projection([alone])
     assert "32,000 req/s of router capacity" in text
     assert "4,000 req/s → N = 32 serves 4,000 req/s (Redis-bound)" in text
+    cluster = Throughput(2, "Cluster (3 primaries)", 900.0, router_cpu_us=1000.0, redis_cpu_us=400.0, errors=0, phantom=0)
+    text = projection([alone, cluster])
+    assert "16 primaries: Redis saturates at 32,000 req/s" in text and "3 primaries: Redis saturates at 6,000 req/s" in text
