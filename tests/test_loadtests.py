@@ -6,6 +6,7 @@ script that no longer parses its arguments, renders its tables or talks to the z
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import math
 import sys
@@ -202,3 +203,37 @@ def test_quality_matrix_replays_a_cell_and_reports_a_verdict(capsys: pytest.Capt
     assert quality_matrix.main(["--cells", "nothing", "--no-live"]) == 2
     assert quality_matrix.verdict(0.5, 0.7, {"a": (1.0, 0.71)}) == "meets target"
     assert quality_matrix.verdict(0.9, 0.6, {"a": (1.0, 0.7)}) == "misses: p90 0.90x best peer, hit -10 pts"
+
+
+def test_decision_cost_measures_the_redis_store_in_one_round_trip(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import decision_cost
+
+    args = argparse.Namespace(redis=redis_url, instances=[40], tokens=[1024], iterations=5, pd=False, candidates=[0, 4],
+                              write=False)
+    assert asyncio.run(decision_cost.main(args)) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| redis |")]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("| 1") for row in rows)  # one round trip per decision
+
+
+def test_scale_out_end_to_end_with_one_replica(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import scale_out
+
+    assert scale_out.main(["--replicas", "1", "--engines", "2", "--requests", "24", "--clients", "4",
+                           "--concurrency", "4", "--duration", "1", "--warmup", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 0." in out and "Projection to N = 32" in out
+    for line in out.splitlines():
+        if line.startswith("| 1 |"):
+            assert line.rstrip(" |").endswith("| 0")  # no booked load left in Redis
+
+
+def test_scale_out_projection_names_the_bound() -> None:
+    from loadtests.scale_out import Throughput, projection
+
+    alone = Throughput(2, "standalone", 900.0, router_cpu_us=1000.0, redis_cpu_us=250.0, errors=0, phantom=0)
+    text = projection([alone])
+    assert "32,000 req/s of router capacity" in text
+    assert "4,000 req/s → N = 32 serves 4,000 req/s (Redis-bound)" in text
+    cluster = Throughput(2, "Cluster (3 primaries)", 900.0, router_cpu_us=1000.0, redis_cpu_us=400.0, errors=0, phantom=0)
+    text = projection([alone, cluster])
+    assert "16 primaries: Redis saturates at 32,000 req/s" in text and "3 primaries: Redis saturates at 6,000 req/s" in text

@@ -21,6 +21,7 @@ from router.config.discovery import DiscoveryConfig, ReloadConfig
 from router.config.engines import EnginesConfig
 
 from router.config.precise import HashingMode, KVEventsConfig, TokensConfig
+from router.config.sharding import ShardingConfig
 
 Role = Literal["prefill", "decode", "mixed"]
 Flavor = Literal["vllm", "sglang"]
@@ -122,6 +123,7 @@ class StateConfig(_Strict):
     breaker_failures: int = Field(default=3, ge=1, description="consecutive failed Redis calls that open the breaker "
                                   "(decisions on the local view, no waiting on Redis)")
     breaker_probe_s: float = Field(default=0.5, gt=0, description="while the breaker is open, one probe call this often")
+    sharding: ShardingConfig = Field(default_factory=ShardingConfig, description="Redis key layout over hash slots (Cluster)")
 
 
 class HashingConfig(_Strict):

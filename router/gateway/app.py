@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
     s = config.state
     default_cap = max(caps.values(), default=8192)
+    w = config.policy.ttft  # a request in flight weighs its decode interference, in prefill tokens (load_index.py)
+    request_tokens = w.decode_interference_s * w.prefill_tokens_per_s
     if s.backend == "redis":
         from router.state.redis_store import RedisStore
 
@@ -61,9 +63,12 @@ def build_store(config: RouterConfig, caps: dict[str, int]) -> StateStore:
             timeout_s=s.redis_timeout_s,
             breaker_failures=s.breaker_failures,
             breaker_probe_s=s.breaker_probe_s,
+            cluster=s.sharding.cluster,
+            residency_shards=s.sharding.residency_shards,
+            instance_shards=s.sharding.instance_shards,
+            request_tokens=request_tokens,
         )
-    w = config.policy.ttft  # a request in flight weighs its decode interference, in prefill tokens (load_index.py)
-    return MemoryStore(caps, s.residency_ttl_s, default_cap, request_tokens=w.decode_interference_s * w.prefill_tokens_per_s)
+    return MemoryStore(caps, s.residency_ttl_s, default_cap, request_tokens=request_tokens)
 
 
 def _store_counters(store: StateStore) -> dict[str, int]:

@@ -40,12 +40,28 @@ def booking_key(booking: Booking) -> str:
 class RequestChooser:
     """Binds a policy to one request so a state store can ask it to choose (and revise)."""
 
-    def __init__(self, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate], slo_s: float | None = None) -> None:
+    def __init__(self, policy: Policy, req: RouteRequest, candidates: Sequence[Candidate], slo_s: float | None = None,
+                 pool: Sequence[Candidate] = ()) -> None:
+        """``pool``: every candidate when ``candidates`` were pruned from it (see ``widen``)."""
         self._policy = policy
         self._req = req
         self._candidates = candidates
+        self._pool = pool
         self._slo_s = slo_s
         self.decision: Decision | None = None
+
+    def widen(self, instances: Sequence[str]) -> list[str]:
+        """A shared store found these instances holding the prompt's first block although
+        pruning (on this replica's view) left them out: score them too when revising.
+        Returns the ones added (those of the pool not already candidates)."""
+        if not self._pool:
+            return []
+        have = {c.id for c in self._candidates}
+        wanted = set(instances) - have
+        added = [c for c in self._pool if c.id in wanted]
+        if added:
+            self._candidates = [*self._candidates, *added]
+        return [c.id for c in added]
 
     def __call__(self, snap: Snapshot) -> Booking:
         decision = self._policy.choose(self._req, self._candidates, snap)
@@ -90,11 +106,12 @@ async def decide(
         hit = tier.hit(req.keys)
         if hit is not None:
             req = replace(req, store=hit)
+    pool: Sequence[Candidate] = ()
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
         pruned = pruner.prune(store, req, candidates)
         if pruned is not None:
-            candidates, req = pruned.candidates, pruned.request
-    chooser = RequestChooser(policy, req, candidates, slo_s)
+            pool, candidates, req = candidates, pruned.candidates, pruned.request
+    chooser = RequestChooser(policy, req, candidates, slo_s, pool)
     started = time.perf_counter()
     snap, booking = await store.decide(req.keys, [c.id for c in candidates], chooser)
     assert chooser.decision is not None

@@ -46,6 +46,10 @@ class MemoryStore(StateStore):
         loads = {i: loads.get(i, _IDLE) for i in instances}
         return Snapshot(matched, loads, self._residency.confidences(keys, matched))
 
+    def load_of(self, instance: str) -> Load:
+        """What this store has booked on ``instance``."""
+        return self._loads.get(instance, _IDLE)
+
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         return self.snapshot_now(keys, instances)
 

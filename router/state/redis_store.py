@@ -1,50 +1,53 @@
-"""Shared state in Redis, for several router replicas.
+"""Shared state in Redis (standalone or Cluster), for several router replicas.
+
+Key layout and sharding: redis_layout.py (a decision touches one residency shard and the
+instance shards of its candidates, all in one round trip); the operations: lua/ops.lua.
 
 At most two round trips per request, whatever its kind: the decision, and the release.
 The first byte's write (prefill done) needs no answer, so it waits in a queue and rides
 along with this replica's next round trip (any request's decision or release, or a timer
-``flush_s`` later), pipelined in front of it, so reads still see every earlier write; a
-release that finds it still queued supersedes it (dropping the booking subsumes it).
+``flush_s`` later), in front of it, so reads still see every earlier write; a release that
+finds it still queued supersedes it. Residency entries that capacity eviction took off an
+instance's LRU are queued the same way (their blocks live in another shard): redis_queue.py.
 
 One round trip per routing decision: the policy chooses on this replica's local mirror
-(a MemoryStore fed by every answer Redis gives), then a Lua script atomically looks up
-the authoritative view and books the choice. If the authoritative view would not have
-accepted the choice (another replica booked the same instance, or holds the prefix
-elsewhere), a second script moves the booking; that correction is counted.
+(a MemoryStore fed by every answer Redis gives), then the ops look up the authoritative
+view and book the choice. If the authoritative view would not have accepted the choice
+(another replica booked the same instance, or holds the prefix elsewhere), a second call
+moves the booking; that correction is counted. Candidate pruning (load_index,
+first_block_holders) reads the mirror and a load index over the shared loads this replica
+has seen: every answer carries each queried shard's least-loaded instances and every holder
+of the prompt's first block, and a holder that pruning left out is offered to the policy
+before it revises (``widen``).
 
 Booked load carries a lease that this replica refreshes while the request lives, so a
 crashed replica's load disappears within ``lease_s``. If Redis cannot be reached the
-decision falls back to the local mirror (counted), so a Redis outage degrades routing
-quality instead of failing requests.
+decision falls back to the local mirror (counted), so an outage degrades routing quality
+instead of failing requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import json
 import logging
-from collections.abc import Mapping, Sequence
-from importlib import resources
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
 
 from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
 from router.state.breaker import Breaker, BreakerOpen
+from router.state.load_index import LoadIndex
 from router.state.memory import MemoryStore
+from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
+from router.state.redis_layout import Layout, Op
+from router.state.redis_queue import WriteQueue
+from router.state.redis_views import merged, parse_load, shard_reads
 
 log = logging.getLogger(__name__)
 
-_SCRIPTS = ("route", "lookup", "move", "batch", "abandon", "refresh", "forget")
-
-
-def _load_scripts() -> dict[str, str]:
-    folder = resources.files("router.state") / "lua"
-    common = (folder / "common.lua").read_text()
-    return {name: common + "\n" + (folder / f"{name}.lua").read_text() for name in _SCRIPTS}
+_IDLE = Load()
 
 
 class RedisStore(StateStore):
@@ -61,50 +64,57 @@ class RedisStore(StateStore):
         breaker_failures: int = 3,
         breaker_probe_s: float = 0.5,
         flush_s: float = 0.005,
+        cluster: bool = False,
+        residency_shards: int = 16,
+        instance_shards: int = 4,
+        request_tokens: float = 16.0,
+        report_least_loaded: int = 4,
     ) -> None:
         self._url = url
-        self._flush_s = flush_s
-        self._queued: dict[str, str] = {}  # booking id -> batched write ('P' prefill done, 'R' release)
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._flushing: set[asyncio.Task[None]] = set()
-        self._prefix = "{" + key_prefix + "}"
+        self._cluster = cluster
+        self._layout = Layout(key_prefix, residency_shards, instance_shards)
+        self._writes = WriteQueue(self._layout, request_tokens, flush_s, self._send_queued)
         self._caps = dict(caps)
         self._default_cap = default_cap
         self._lease_ms = int(lease_s * 1000)
         self._ttl_ms = int(residency_ttl_s * 1000)
         self._timeout_s = timeout_s
-        self._mirror = MemoryStore(caps, residency_ttl_s, default_cap)
-        self._client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
+        self._request_tokens = request_tokens
+        self._low = report_least_loaded
+        self._mirror = MemoryStore(caps, residency_ttl_s, default_cap, request_tokens=request_tokens)
+        self._index = LoadIndex(request_tokens)  # over the larger of own and shared loads
+        self._client: aioredis.Redis | aioredis.RedisCluster | None = None
+        self._runner: Runner | None = None
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
         self._remote: dict[str, Load] = {}  # last shared view of each instance's load
+        self._parsed: dict[str, Load] = {}  # stored load text -> Load (bounded in parse_load)
         self._refresher: asyncio.Task[None] | None = None
         self._round_trips = 0
         self._breaker = Breaker(breaker_failures, breaker_probe_s)
         # Bookings whose route call timed out: a hung Redis may still run it once it wakes up,
         # which would leave phantom load until the lease ran out. Dropped once Redis answers again.
-        self._uncertain: set[str] = set()
+        self._uncertain: dict[str, Booking] = {}
         self.corrections = 0
         self.errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        self._client = aioredis.from_url(
-            self._url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s, decode_responses=True
-        )
-        self._scripts = {name: self._client.register_script(src) for name, src in _load_scripts().items()}
-        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):  # else loaded on first use
-            await self._load_scripts()
+        opts: dict[str, Any] = {"socket_timeout": self._timeout_s, "socket_connect_timeout": self._timeout_s,
+                                "decode_responses": True, "connection_class": LinearPackConnection}
+        if self._cluster:
+            self._client = cluster_client(self._url, **opts)
+        else:
+            self._client = aioredis.from_url(self._url, **opts)
+        self._runner = Runner(self._client, self._cluster)
+        with contextlib.suppress(*FAILURES):  # else loaded on first use
+            await self._runner.load()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
 
     async def close(self) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-        if self._queued and self._client is not None:
+        self._writes.cancel_timer()
+        if self._writes and self._runner is not None:
             await self._send_queued()
-        for task in list(self._flushing):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._writes.wait()
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -121,125 +131,170 @@ class RedisStore(StateStore):
         """True while the breaker holds Redis off: decisions use this replica's view only."""
         return self._breaker.open
 
-    async def _call(self, name: str, args: dict[str, Any]) -> Any:
-        """One script, in one round trip, with the queued writes pipelined in front of it."""
-        assert self._client is not None, "RedisStore.start() was not awaited"
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+    # -- calls ---------------------------------------------------------------------------
+    async def _call(self, ops: list[Op]) -> list[Any]:
+        """``ops`` in one round trip, with the queued writes in front of them; their replies."""
+        assert self._runner is not None, "RedisStore.start() was not awaited"
         if not self._breaker.allow():
             raise BreakerOpen("state store breaker open")
+        queued, taken = self._writes.take()
         self._round_trips += 1
         try:
-            result = await self._send(name, args)
-        except (RedisError, OSError, asyncio.TimeoutError):
-            self._breaker.failure()
+            replies = await self._runner.run(queued + ops)
+        except BaseException as exc:
+            self._writes.restore(taken)
+            if isinstance(exc, FAILURES):
+                self._breaker.failure()
             raise
         self._breaker.success()
-        return result
-
-    async def _send(self, name: str, args: dict[str, Any]) -> Any:
-        assert self._client is not None
-        if not self._queued:
-            return await self._scripts[name](args=[self._prefix, json.dumps(args)])
-        queued = self._take_queued()
-        for attempt in (1, 2):
-            # evalsha straight on the pipeline: redis-py's Script on a pipeline would first
-            # ask SCRIPT EXISTS, one more round trip on every call
-            pipe = self._client.pipeline(transaction=False)
-            pipe.evalsha(self._scripts["batch"].sha, 0, self._prefix, "{}", *queued)
-            pipe.evalsha(self._scripts[name].sha, 0, self._prefix, json.dumps(args))
-            try:
-                return (await pipe.execute())[1]
-            except NoScriptError:  # Redis restarted or was flushed: load them, once
-                if attempt == 2:
-                    raise
-                await self._load_scripts()
-            except BaseException:
-                for i in range(0, len(queued), 2):  # not sent: they go with the next round trip
-                    self._queued.setdefault(queued[i + 1], queued[i])
-                raise
-        raise AssertionError("unreachable")
-
-    async def _load_scripts(self) -> None:
-        assert self._client is not None
-        for script in self._scripts.values():
-            await self._client.script_load(script.script)
-
-    def _take_queued(self) -> list[str]:
-        flat = [part for booking_id, op in self._queued.items() for part in (op, booking_id)]
-        self._queued = {}
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        return flat
-
-    def _queue(self, booking_id: str, op: str) -> None:
-        self._queued[booking_id] = op
-        if self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(self._flush_s, self._flush_later)
-
-    def _flush_later(self) -> None:
-        self._flush_timer = None
-        if self._queued:
-            task = asyncio.get_running_loop().create_task(self._send_queued(), name="pd-router-state-flush")
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
+        return replies[len(queued):]
 
     async def _send_queued(self) -> None:
         """The queued writes alone, in one round trip (a release, or the timer)."""
-        assert self._client is not None, "RedisStore.start() was not awaited"
-        if not self._queued:
+        if not self._writes or not self._breaker.allow():  # held off: they wait (or their leases expire)
             return
-        if not self._breaker.allow():  # held off: the writes wait for Redis (or their leases expire)
-            return
-        queued = self._take_queued()
-        self._round_trips += 1
         try:
-            await self._scripts["batch"](args=[self._prefix, "{}", *queued])
-            self._breaker.success()
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self._breaker.failure()
+            await self._call([])
+        except FAILURES as exc:
             self.errors += 1
-            log.warning("state store batch of %d writes failed (leases will expire): %s", len(queued) // 2, exc)
+            log.warning("state store batch of writes failed (leases will expire): %s", exc)
+
+    async def _best_effort(self, what: str, ops: list[Op]) -> None:
+        # A failed release is not lost: the lease stops being refreshed and expires.
+        try:
+            await self._call(ops)
+        except FAILURES as exc:
+            self.errors += 1
+            if not isinstance(exc, BreakerOpen):
+                log.warning("state store %s failed (lease will expire): %s", what, exc)
 
     # -- reads ---------------------------------------------------------------------------
-    @staticmethod
-    def _parse_view(raw: str, instances: Sequence[str]) -> Snapshot:
-        view = json.loads(raw)
-        matched = view.get("matched") or []
-        packed = view.get("loads") or []
-        idle = Load()
-        loads = {}
-        for inst, text in zip(instances, packed):
-            if text:
-                loads[inst] = Load(*(int(field) for field in text.split(":")))
-            else:
-                loads[inst] = idle
-        return Snapshot(matched={inst: int(m) for inst, m in zip(instances, matched)}, loads=loads)
+    def _read_ops(self, keys: Sequence[int], instances: Sequence[str], booking: Booking | None,
+                  record: bool) -> list[Op]:
+        """The look-up (and with ``booking``, the booking) of one decision: one residency
+        shard, and each instance shard that holds a candidate or a leg."""
+        lay = self._layout
+        ops: list[Op] = []
+        book_keys = booking.keys if booking is not None and record else ()
+        recorders = booking.instances if booking is not None else ()
+        if keys:
+            same = tuple(book_keys) == tuple(keys)
+            ops.append(lay.lookup(keys, recorders if book_keys and same else (), self._ttl_ms))
+            if book_keys and not same:
+                ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
+        elif book_keys:
+            ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
+        hex_keys = lay.hex_blocks(book_keys) if book_keys else ""
+        # the least loaded of each shard feed pruning's index; a decision over the whole pool reads every load anyway
+        low = self._low if booking is not None and len(instances) < len(self._caps) else 0
+        for tag, (read, legs) in shard_reads(lay, instances, booking).items():
+            caps = [self._caps.get(leg.instance, self._default_cap) for leg in legs]
+            ops.append(lay.book(tag, booking.id if booking else "", self._lease_ms, self._request_tokens, read,
+                                low, legs, caps, book_keys, hex_keys))
+        return ops
+
+    def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int],
+                known: Mapping[str, int] | None = None) -> tuple[dict[str, int], dict[str, Load]]:
+        """Holders' depths and shared loads from the replies; learn from them (mirror,
+        shared view, load index) and queue the residency entries evicted by capacity.
+        ``known``: depths the mirror already had (those need no recording again)."""
+        depth: dict[str, int] = {}
+        loads: dict[str, Load] = {}
+        first_lookup = True
+        for op, reply in zip(ops, replies):
+            if op.code == "L":
+                if first_lookup:
+                    depth = {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
+                    first_lookup = False
+            elif op.code == "B":
+                read = op.args[4:4 + int(op.args[3])]
+                memo = self._parsed
+                for inst, packed in zip(read, reply[0]):
+                    loads[str(inst)] = parse_load(packed, memo)
+                low = reply[1]
+                for j in range(0, len(low), 2):
+                    loads.setdefault(low[j], parse_load(low[j + 1], memo))
+                evicted = reply[2]
+                for j in range(0, len(evicted), 2):
+                    shard, key = self._layout.parse_member(evicted[j + 1])
+                    self._writes.unhold(shard, [(key, evicted[j])])
+        remote = self._remote
+        changed = [inst for inst, load in loads.items() if remote.get(inst) != load]
+        remote.update(loads)
+        self._reindex(changed)
+        known = known or {}
+        for inst, d in depth.items():
+            if d > known.get(inst, 0):
+                self._mirror.record_residency(inst, keys[:d])
+        return depth, loads
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
-        raw = await self._call("lookup", {"instances": list(instances), "keys": [str(k) for k in keys]})
-        return self._parse_view(raw, instances)
+        ops = self._read_ops(keys, instances, None, record=False)
+        depth, loads = self._absorb(ops, await self._call(ops), keys)
+        return Snapshot({i: depth.get(i, 0) for i in instances}, {i: loads.get(i, _IDLE) for i in instances})
 
-    def _book_args(self, booking: Booking, with_keys: bool = True) -> dict[str, Any]:
-        return {
-            "booking": {
-                "id": booking.id,
-                "legs": [dataclasses.asdict(leg) for leg in booking.legs],
-                "keys": [str(k) for k in booking.keys] if with_keys else [],
-            },
-            "lease_ms": self._lease_ms,
-            "ttl_ms": self._ttl_ms,
-            "caps": {i: self._caps.get(i, self._default_cap) for i in booking.instances},
-        }
+    # -- candidate pruning -----------------------------------------------------------------
+    def load_index(self) -> LoadIndex:
+        return self._index
+
+    def first_block_holders(self, key: int) -> Collection[str]:
+        return self._mirror.first_block_holders(key)
+
+    def _reindex(self, instances: Collection[str]) -> None:
+        for inst in instances:
+            own, other = self._mirror.load_of(inst), self._remote.get(inst, _IDLE)
+            self._index.update(inst, own if other is _IDLE or other == own else merged(own, other))
 
     # -- the decision --------------------------------------------------------------------
-    @staticmethod
-    def _merged(snap: Snapshot, remote: dict[str, Load], minus: Booking | None = None) -> Snapshot:
+    async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
+        local = self._merged_view(self._mirror.snapshot_now(keys, instances))
+        booking = choose(local)
+        self._mirror.book(booking)  # concurrent decisions in this replica see it at once
+        self._reindex(booking.instances)
+        ops = self._read_ops(keys, instances, booking, record=True)
+        try:
+            replies = await self._call(ops)
+        except FAILURES as exc:
+            self.errors += 1
+            if not isinstance(exc, BreakerOpen):  # the breaker logged its opening once
+                log.warning("state store unreachable, deciding on the local view: %s", exc)
+                if len(self._uncertain) < 100_000:  # bounded: beyond it, the leases clean up
+                    self._uncertain[booking.id] = booking
+            return local, booking
+        if self._uncertain:
+            await self._settle()
+        depth, _ = self._absorb(ops, replies, keys, local.matched)
+        considered = list(instances)
+        known = set(considered)
+        missed = [i for i in depth if i not in known]
+        widen = getattr(choose, "widen", None)  # RequestChooser.widen: holders the pruning left out
+        if missed and widen is not None:
+            considered += widen(missed)
+        own = self._mirror.snapshot_now((), considered)
+        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads)
+        fresh = self._merged_view(shared, minus=booking)
+        if fresh.matched == local.matched and fresh.loads == local.loads:
+            return self._keep(booking, fresh)  # the shared view is the one chosen on: nothing to revise
+        revised = choose.revise(fresh, booking)
+        if revised is not None:
+            booking = await self._move(booking, revised, shared.matched, local.matched)
+        return self._keep(booking, fresh)
+
+    def _keep(self, booking: Booking, snap: Snapshot) -> tuple[Snapshot, Booking]:
+        self._active[booking.id] = booking
+        return snap, booking
+
+    def _merged_view(self, snap: Snapshot, minus: Booking | None = None) -> Snapshot:
         """Per instance, the larger of this replica's own bookings and the shared view.
 
         Own bookings reach Redis one round trip late, the shared view lacks those still
         in flight; the field-wise max is a lower bound of the truth that sees both."""
         legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
-        idle = Load()
+        remote = self._remote
         loads = {}
         for inst, own in snap.loads.items():
             leg = legs.get(inst)
@@ -247,112 +302,90 @@ class RedisStore(StateStore):
                 own = Load(max(0, own.requests - 1), max(0, own.prefill_tokens - leg.prefill_tokens),
                            max(0, own.kv_tokens - leg.kv_tokens), max(0, own.transfers - leg.transfers),
                            max(0, own.transfer_bytes - leg.transfer_bytes))
-            other = remote.get(inst, idle)
-            if other is idle or other == own:
-                loads[inst] = own
-            else:
-                loads[inst] = Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
-                                   max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers),
-                                   max(own.transfer_bytes, other.transfer_bytes))
-        return Snapshot(snap.matched, loads)
+            other = remote.get(inst, _IDLE)
+            loads[inst] = own if other is _IDLE or other == own else merged(own, other)
+        return Snapshot(snap.matched, loads)  # no confidence: the shared view has none to compare with
 
-    async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
-        local = self._merged(self._mirror.snapshot_now(keys, instances), self._remote)
-        booking = choose(local)
-        self._mirror.book(booking)  # concurrent decisions in this replica see it at once
-        same = tuple(booking.keys) == tuple(keys)
-        args = {"instances": list(instances), "keys": [str(k) for k in keys], "same_keys": same,
-                **self._book_args(booking, with_keys=not same)}
-        try:
-            shared = self._parse_view(await self._call("route", args), instances)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self.errors += 1
-            if not isinstance(exc, BreakerOpen):  # the breaker logged its opening once
-                log.warning("state store unreachable, deciding on the local view: %s", exc)
-                if len(self._uncertain) < 100_000:  # bounded: beyond it, the leases clean up
-                    self._uncertain.add(booking.id)
-            return local, booking
-        if self._uncertain:
-            await self._settle()
-        self._remote.update(shared.loads)
-        for inst, depth in shared.matched.items():
-            if depth:
-                self._mirror.record_residency(inst, keys[:depth])
-        own = self._mirror.snapshot_now((), instances)
-        fresh = self._merged(Snapshot(shared.matched, own.loads), shared.loads, minus=booking)
-        revised = choose.revise(fresh, booking)
-        if revised is not None:
-            booking = await self._move(booking, revised, shared, local)
-        self._active[booking.id] = booking
-        return fresh, booking
-
-    async def _move(self, booking: Booking, revised: Booking, shared: Snapshot, local: Snapshot) -> Booking:
+    async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the
         first choice recorded on instances that did not hold them before."""
         self.corrections += 1
-        undo = {i: [str(k) for k in booking.keys[shared.matched.get(i, 0):]] for i in booking.instances}
+        ops = self._drop_ops(booking, shared) + self._read_ops(revised.keys, (), revised, record=True)
         try:
-            await self._call("move", {**self._book_args(revised), "undo": undo})
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            replies = await self._call(ops)
+        except FAILURES as exc:
             self.errors += 1
             log.warning("could not move booking %s: %s", booking.id, exc)
             return booking
+        self._absorb(ops, replies, revised.keys)
         await self._mirror.release(booking)
         for inst in booking.instances:
-            held = max(shared.matched.get(inst, 0), local.matched.get(inst, 0))
+            held = max(shared.get(inst, 0), local.get(inst, 0))
             self._mirror.unrecord_residency(inst, booking.keys[held:])
         self._mirror.book(revised)
+        self._reindex({*booking.instances, *revised.instances})
         return revised
 
+    def _drop_ops(self, booking: Booking, held: Mapping[str, int]) -> list[Op]:
+        """Release ``booking`` and take back its blocks beyond what each instance ``held``."""
+        lay = self._layout
+        ops = [lay.writes(tag, self._request_tokens, [("R", booking.id)])
+               for tag in dict.fromkeys(lay.instance_tag(i) for i in booking.instances)]
+        if booking.keys:
+            shard = lay.residency_shard(booking.keys[0])
+            for inst in dict.fromkeys(booking.instances):
+                undo = booking.keys[held.get(inst, 0):]
+                if undo:
+                    ops.append(lay.unhold(shard, [(str(k), inst) for k in undo]))
+                    ops.append(lay.unremember(inst, lay.members(booking.keys)[len(booking.keys) - len(undo):]))
+        return ops
+
+    # -- the request's end -----------------------------------------------------------------
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
-        if booking.id in self._active and booking.id not in self._queued:
-            self._queue(booking.id, "P")  # no round trip of its own: see the module docstring
+        self._reindex(booking.instances)
+        if booking.id in self._active and booking.id not in self._writes:
+            self._writes.put(booking, "P")  # no round trip of its own: see the module docstring
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)
+        self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
-            self._queued[booking.id] = "R"  # supersedes a queued prefill done of the same booking
+            self._writes.put(booking, "R", arm=False)  # supersedes a queued prefill done of the same booking
             await self._send_queued()  # with every other write queued: one round trip
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self._mirror.abandon(booking, held)
-        undo = {i: [str(k) for k in booking.keys[held.get(i, 0):]] for i in booking.instances}
+        self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
-            self._queued.pop(booking.id, None)  # the abandon drops the booking: nothing queued for it is left to do
-            await self._best_effort("abandon", {"id": booking.id, "undo": undo})
+            self._writes.discard(booking.id)  # the abandon drops the booking: nothing queued for it is left to do
+            await self._best_effort("abandon", self._drop_ops(booking, held))
 
     async def forget_instance(self, instance: str) -> None:
         await self._mirror.forget_instance(instance)
-        await self._best_effort("forget", {"instance": instance})
+        ops = self._layout.forget_marks(instance, self._ttl_ms) + [self._layout.forget(instance, drop_load=False)]
+        await self._best_effort("forget", ops)
 
     def set_capacity(self, instance: str, cap: int) -> None:
-        self._caps[instance] = cap  # sent with every booking: the shared index evicts by it too
+        self._caps[instance] = cap  # sent with every booking: the shared LRU evicts by it too
         self._mirror.set_capacity(instance, cap)
 
     async def drop_instance(self, instance: str) -> None:
         await self._mirror.drop_instance(instance)
         self._remote.pop(instance, None)
+        self._index.update(instance, None)
         self._caps.pop(instance, None)
-        await self._best_effort("forget", {"instance": instance, "drop_load": True})
+        ops = self._layout.forget_marks(instance, self._ttl_ms) + [self._layout.forget(instance, drop_load=True)]
+        await self._best_effort("forget", ops)
 
     async def _settle(self) -> None:
         """Drop the bookings a timed-out call may have made after all (idempotent: release of
         an unknown booking does nothing)."""
-        ids, self._uncertain = self._uncertain, set()
-        for booking_id in ids:
+        uncertain, self._uncertain = self._uncertain, {}
+        for booking_id, booking in uncertain.items():
             if booking_id not in self._active:
-                self._queued[booking_id] = "R"
+                self._writes.put(booking, "R", arm=False)
         await self._send_queued()  # all of them in one batched round trip
-
-    async def _best_effort(self, name: str, args: dict[str, Any]) -> None:
-        # A failed release is not lost: the lease stops being refreshed and expires.
-        try:
-            await self._call(name, args)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
-            self.errors += 1
-            if not isinstance(exc, BreakerOpen):
-                log.warning("state store %s failed (lease will expire): %s", name, exc)
 
     async def _refresh_loop(self) -> None:
         period = max(0.05, self._lease_ms / 3000)
@@ -362,4 +395,9 @@ class RedisStore(StateStore):
 
     async def refresh_leases(self) -> None:
         """Extend every live booking's lease (one round trip), sweeping expired ones."""
-        await self._best_effort("refresh", {"ids": list(self._active), "lease_ms": self._lease_ms})
+        by_tag: dict[str, list[str]] = {tag: [] for tag in self._layout.instance_tags()}  # every shard is swept
+        for booking_id, booking in self._active.items():
+            for tag in dict.fromkeys(self._layout.instance_tag(i) for i in booking.instances):
+                by_tag.setdefault(tag, []).append(booking_id)
+        ops = [self._layout.refresh(tag, self._lease_ms, self._request_tokens, ids) for tag, ids in by_tag.items()]
+        await self._best_effort("refresh", ops)

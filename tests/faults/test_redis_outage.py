@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import httpx
 import redis
 
+from router.state.redis_layout import Layout
+
 from faults.conftest import router  # type: ignore[import-not-found]
 from servers import FakeBackend, free_port, redis_binary, serve_app
 
@@ -64,7 +66,7 @@ def timed(url: str, n: int) -> list[float]:
 
 def shared_requests(port: int, prefix: str) -> int:
     """Requests other replicas would see booked on instance a (read straight from Redis)."""
-    raw = redis.Redis(port=port, decode_responses=True).hget("{" + prefix + "}:loads", "a")
+    raw = redis.Redis(port=port, decode_responses=True).hget(Layout(prefix).loads_key("a"), "a")
     return int(raw.split(":")[0]) if raw else 0
 
 

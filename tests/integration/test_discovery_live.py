@@ -17,6 +17,8 @@ import httpx
 import redis
 import yaml
 
+from router.state.redis_layout import Layout
+
 from k8sapi import FakeApiServer, run_api_server
 from router.config.model import load_config
 from router.gateway.app import create_app
@@ -86,12 +88,13 @@ def test_pods_found_by_role_are_routed_to_and_a_deleted_pod_leaves_the_shared_st
 
         # residency of d0 is in Redis; deleting its pod drops it there, and d0 is never contacted again
         db = redis.Redis.from_url(redis_url)
-        lru = f"{{{key_prefix}}}:lru:d0"
+        layout = Layout(key_prefix)  # the router's default shard counts
+        lru = layout.lru_key("d0")
         assert db.zcard(lru) > 0
         api.delete_pod("d0")
         wait_for(lambda: "d0" not in instances(url), what="deleted pod gone")
         wait_for(lambda: db.zcard(lru) == 0, what="residency dropped")
-        assert db.hget(f"{{{key_prefix}}}:loads", "d0") is None
+        assert db.hget(layout.loads_key("d0"), "d0") is None
         r = httpx.post(f"{url}/v1/chat/completions", json=chat("And parcel 3?"), timeout=30)
         assert r.status_code == 503  # only a prefill instance is left: nothing can decode
         # the admin API cannot remove what discovery found

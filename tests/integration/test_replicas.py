@@ -6,24 +6,29 @@ from collections import Counter
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from router.tools.localrun import router_process
 from servers import FakeBackend, serve_app
 
 
-def shared_state_config(stack: ExitStack, backends: list[FakeBackend], redis_url: str, key_prefix: str) -> dict:
+def shared_state_config(stack: ExitStack, backends: list[FakeBackend], redis_url: str, key_prefix: str,
+                        cluster: bool = False) -> dict:
     """Serve ``backends`` and return a router config that shares state through Redis."""
     urls = [stack.enter_context(serve_app(b.app())) for b in backends]
     return {
         "instances": [{"url": u, "name": b.name} for u, b in zip(urls, backends)],
-        "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix},
+        "state": {"backend": "redis", "redis_url": redis_url, "key_prefix": key_prefix,
+                  "sharding": {"cluster": cluster}},
     }
 
 
-def test_two_replicas_send_the_same_prefix_to_the_same_backend(redis_url, key_prefix):
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_two_replicas_send_the_same_prefix_to_the_same_backend(kind, request, key_prefix):
     backends = [FakeBackend("a"), FakeBackend("b")]
+    url = request.getfixturevalue("redis_cluster_url" if kind == "cluster" else "redis_url")
     with ExitStack() as stack:
-        config = shared_state_config(stack, backends, redis_url, key_prefix)
+        config = shared_state_config(stack, backends, url, key_prefix, cluster=kind == "cluster")
         one = stack.enter_context(router_process(config)).url
         two = stack.enter_context(router_process(config)).url
         shared = "Shared system prompt for every tenant of the platform. " * 40

@@ -37,14 +37,15 @@ async def test_huge_amounts_are_clamped_and_released(redis_url, key_prefix):
 
 async def test_an_unparsable_stored_load_counts_as_idle(redis_url, key_prefix):
     raw = aioredis.from_url(redis_url, decode_responses=True)
-    await raw.hset("{" + key_prefix + "}:loads", "a", "1:1:-9223372036854775808:0")  # what the bug left behind
     store = RedisStore(redis_url, {"a": 10, "b": 10}, key_prefix=key_prefix)
+    loads = store.layout.loads_key("a")
+    await raw.hset(loads, "a", "1:1:-9223372036854775808:0")  # what the bug left behind
     await store.start()
     try:
         _, booking = await store.decide([1], INSTANCES, GreedyChooser("r", [1], only="a"))
         await store.release(booking)
         assert store.errors == 0
-        assert await raw.hget("{" + key_prefix + "}:loads", "a") is None  # healed: idle again
+        assert await raw.hget(loads, "a") is None  # healed: idle again
     finally:
         await store.close()
         await raw.aclose()

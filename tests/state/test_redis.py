@@ -1,4 +1,4 @@
-"""Redis-only behaviour: leases, namespaces, round trips, replicas, outages."""
+"""Redis-only behaviour, on standalone Redis and a Cluster: leases, namespaces, round trips, replicas, outages."""
 
 import asyncio
 
@@ -9,21 +9,22 @@ INSTANCES = ["a", "b"]
 CAPS = {"a": 100, "b": 100}
 
 
-async def started(url, prefix, **kw):
-    store = RedisStore(url, CAPS, key_prefix=prefix, **kw)
+async def started(target, prefix, **kw):
+    url, cluster = target if isinstance(target, tuple) else (target, False)
+    store = RedisStore(url, CAPS, key_prefix=prefix, cluster=cluster, **kw)
     await store.start()
     return store
 
 
-async def test_crashed_replica_load_expires_with_its_lease(redis_url, key_prefix):
-    crashed = await started(redis_url, key_prefix, lease_s=0.4)
+async def test_crashed_replica_load_expires_with_its_lease(redis_target, key_prefix):
+    crashed = await started(redis_target, key_prefix, lease_s=0.4)
     await crashed.decide([1], INSTANCES, GreedyChooser("lost", [1], only="a"))
     await crashed.close()  # stops refreshing and never releases: a crash as far as Redis knows
-    observer = await started(redis_url, key_prefix, lease_s=0.4)
+    observer = await started(redis_target, key_prefix, lease_s=0.4)
     try:
         assert (await observer.snapshot([], INSTANCES)).loads["a"].requests == 1
         await asyncio.sleep(0.6)
-        # any script sweeps expired leases; a decision's lookup sees the load gone
+        # every replica's lease refresh sweeps expired leases; a decision's lookup sees the load gone
         snap, b = await observer.decide([], INSTANCES, GreedyChooser("next", [], only="b"))
         assert snap.loads["a"].requests == 0
         await observer.release(b)
@@ -31,8 +32,8 @@ async def test_crashed_replica_load_expires_with_its_lease(redis_url, key_prefix
         await observer.close()
 
 
-async def test_live_requests_keep_their_lease(redis_url, key_prefix):
-    store = await started(redis_url, key_prefix, lease_s=0.3)
+async def test_live_requests_keep_their_lease(redis_target, key_prefix):
+    store = await started(redis_target, key_prefix, lease_s=0.3)
     try:
         _, b = await store.decide([], INSTANCES, GreedyChooser("long", [], only="a"))
         await asyncio.sleep(0.8)  # several lease periods, refreshed in the background
@@ -44,9 +45,9 @@ async def test_live_requests_keep_their_lease(redis_url, key_prefix):
         await store.close()
 
 
-async def test_namespaces_are_isolated(redis_url, key_prefix):
-    one = await started(redis_url, key_prefix + "one")
-    two = await started(redis_url, key_prefix + "two")
+async def test_namespaces_are_isolated(redis_target, key_prefix):
+    one = await started(redis_target, key_prefix + "one")
+    two = await started(redis_target, key_prefix + "two")
     try:
         await one.decide([1, 2], INSTANCES, GreedyChooser("n1", [1, 2], only="a"))
         view = await two.snapshot([1, 2], INSTANCES)
@@ -57,8 +58,8 @@ async def test_namespaces_are_isolated(redis_url, key_prefix):
         await two.close()
 
 
-async def test_one_round_trip_per_decision(redis_url, key_prefix):
-    store = await started(redis_url, key_prefix)
+async def test_one_round_trip_per_decision(redis_target, key_prefix):
+    store = await started(redis_target, key_prefix)
     try:
         for i in range(5):
             before = store.round_trips
@@ -68,9 +69,9 @@ async def test_one_round_trip_per_decision(redis_url, key_prefix):
         await store.close()
 
 
-async def test_second_replica_follows_the_shared_prefix(redis_url, key_prefix):
-    first = await started(redis_url, key_prefix)
-    second = await started(redis_url, key_prefix)
+async def test_second_replica_follows_the_shared_prefix(redis_target, key_prefix):
+    first = await started(redis_target, key_prefix)
+    second = await started(redis_target, key_prefix)
     try:
         _, b1 = await first.decide([5, 6, 7], INSTANCES, GreedyChooser("p1", [5, 6, 7], only="b"))
         await first.release(b1)
@@ -101,9 +102,9 @@ async def test_unreachable_redis_falls_back_to_local_view(key_prefix):
         await store.close()
 
 
-async def test_at_most_two_round_trips_per_request_whatever_its_kind(redis_url, key_prefix):
-    store = await started(redis_url, key_prefix, flush_s=10.0)  # no timer flush during the test
-    observer = await started(redis_url, key_prefix)
+async def test_at_most_two_round_trips_per_request_whatever_its_kind(redis_target, key_prefix):
+    store = await started(redis_target, key_prefix, flush_s=10.0)  # no timer flush during the test
+    observer = await started(redis_target, key_prefix)
     try:
         for i, streams in enumerate([True, False, True]):
             before = store.round_trips
@@ -118,9 +119,9 @@ async def test_at_most_two_round_trips_per_request_whatever_its_kind(redis_url, 
         await observer.close()
 
 
-async def test_a_queued_first_byte_reaches_other_replicas_with_the_next_round_trip_or_the_timer(redis_url, key_prefix):
-    store = await started(redis_url, key_prefix, flush_s=0.05)
-    observer = await started(redis_url, key_prefix)
+async def test_a_queued_first_byte_reaches_other_replicas_with_the_next_round_trip_or_the_timer(redis_target, key_prefix):
+    store = await started(redis_target, key_prefix, flush_s=0.05)
+    observer = await started(redis_target, key_prefix)
     try:
         _, one = await store.decide([1], INSTANCES, GreedyChooser("q1", [1], only="a"))
         await store.prefill_done(one)

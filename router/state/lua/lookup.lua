@@ -1,2 +1,0 @@
-local now = now_ms()
-return cjson.encode(lookup(A.instances, A.keys, now))

@@ -1,0 +1,150 @@
+"""Where the Redis store keeps what, so that a Redis Cluster shards it.
+
+A Cluster runs a script only on keys of one hash slot, and spreads slots over nodes. The
+state falls into two kinds of shard, each a hash tag of its own (lua/ops.lua lists the keys):
+
+- **Residency shards** ``{P:r<n>}``, n = the prompt's first block key mod ``residency_shards``.
+  Block keys are chained (a key determines its whole prefix), so every block of a prompt
+  lives in its first block's shard: one decision's look-up and its records are one slot.
+  Different prompts spread over the shards; prompts that share a first block (one system
+  prompt) share a shard, which is exactly the data one decision needs together.
+- **Instance shards** ``{P:i<n>}``, n = xxh64(instance) mod ``instance_shards``: booked load,
+  the load-key sorted set that candidate pruning reads, bookings (each shard keeps its own
+  legs of a booking), leases, and each instance's LRU of residency entries (capacity is
+  per instance, so its eviction order must live with the instance, not the prompt).
+
+A decision therefore touches a bounded number of slots: one residency shard, plus the
+instance shards of its candidates (at most ``instance_shards``; with candidate pruning a
+few dozen instances, typically all of them). The store sends all of them in one round
+trip: one script call to a standalone Redis (which never checks slots), one call per slot
+pipelined to a Cluster (redis-py sends each node its calls concurrently). Capacity
+eviction pops entries from the instance's LRU; taking them out of their residency shard
+(another slot) is queued and rides with the next round trip, like the first byte's write.
+Every key a script touches is declared in its KEYS (a Cluster requirement).
+
+Why not one shard per instance: a decision reads the load of every candidate and the
+residency of every holder of the first block, so it would touch an unbounded number of
+slots. Why not all loads in one slot: every request of every replica would then meet on
+one Cluster node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from router.state.base import Leg
+
+Arg = str | int | float
+_HEX = "{:016x}"  # block keys are 64-bit: fixed width, so a script can index them
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of lua/ops.lua on the keys of one shard (``tag``: its hash tag)."""
+
+    code: str
+    tag: str
+    keys: Sequence[str]
+    args: Sequence[Arg] = field(default=())
+
+
+class Layout:
+    def __init__(self, key_prefix: str, residency_shards: int = 16, instance_shards: int = 4) -> None:
+        self.prefix = key_prefix
+        self.residency_shards = residency_shards
+        self.instance_shards = instance_shards
+        self._inst_tags: dict[str, str] = {}
+
+    # -- names ---------------------------------------------------------------------------
+    def residency_shard(self, first_key: int) -> int:
+        return first_key % self.residency_shards
+
+    def residency_tag(self, shard: int) -> str:
+        return f"{{{self.prefix}:r{shard}}}"
+
+    def instance_tag(self, instance: str) -> str:
+        tag = self._inst_tags.get(instance)
+        if tag is None:
+            if len(self._inst_tags) > 100_000:  # bounded: instances come and go
+                self._inst_tags.clear()
+            shard = xxhash.xxh64_intdigest(instance.encode()) % self.instance_shards
+            tag = self._inst_tags[instance] = f"{{{self.prefix}:i{shard}}}"
+        return tag
+
+    def instance_tags(self) -> list[str]:
+        return [f"{{{self.prefix}:i{shard}}}" for shard in range(self.instance_shards)]
+
+    def loads_key(self, instance: str) -> str:
+        return self.instance_tag(instance) + ":loads"
+
+    def lru_key(self, instance: str) -> str:
+        return self.instance_tag(instance) + ":lru:" + instance
+
+    def _shard_keys(self, tag: str) -> list[str]:
+        return [tag + ":loads", tag + ":lz", tag + ":bk", tag + ":leases"]
+
+    def members(self, keys: Sequence[int]) -> list[str]:
+        """LRU members of a prompt's blocks: residency shard and block key (16 hex digits)."""
+        if not keys:
+            return []
+        shard = self.residency_shard(keys[0])
+        return [f"{shard}:{k:016x}" for k in keys]
+
+    @staticmethod
+    def hex_blocks(keys: Sequence[int]) -> str:
+        return "".join(map(_HEX.format, keys))
+
+    @staticmethod
+    def parse_member(member: str) -> tuple[int, str]:
+        """(residency shard, block key as the residency shard names it) of an LRU member."""
+        shard, _, key = member.partition(":")
+        return int(shard), str(int(key, 16))
+
+    # -- residency shard ops -------------------------------------------------------------
+    def lookup(self, keys: Sequence[int], record: Sequence[str], ttl_ms: int) -> Op:
+        """Depth of every holder of ``keys[0]``, then record ``keys`` on ``record``."""
+        tag = self.residency_tag(self.residency_shard(keys[0]))
+        block = tag + ":b:"
+        return Op("L", tag, [tag + ":fg", *(block + str(k) for k in keys)], [ttl_ms, len(record), *record])
+
+    def unhold(self, shard: int, pairs: Sequence[tuple[str, str]]) -> Op:
+        """Take back residency entries (block key, instance) of one residency shard."""
+        tag = self.residency_tag(shard)
+        return Op("U", tag, [f"{tag}:b:{key}" for key, _ in pairs], [inst for _, inst in pairs])
+
+    def forget_marks(self, instance: str, ttl_ms: int) -> list[Op]:
+        tags = (self.residency_tag(s) for s in range(self.residency_shards))
+        return [Op("G", tag, [tag + ":fg"], [instance, ttl_ms]) for tag in tags]
+
+    # -- instance shard ops --------------------------------------------------------------
+    def book(self, tag: str, booking_id: str, lease_ms: int, request_tokens: float, read: Sequence[str], low: int,
+             legs: Sequence[Leg], caps: Sequence[int], keys: Sequence[int], hex_keys: str = "") -> Op:
+        """Read ``read``'s loads and the ``low`` least loaded of shard ``tag``; book ``legs`` (of this
+        shard) and put the prompt's ``keys`` on their instances' LRUs (``hex_keys``: ``hex_blocks(keys)``,
+        built once per decision; sent only to shards with legs)."""
+        args: list[Arg] = [booking_id, lease_ms, request_tokens, len(read), *read, low, len(legs)]
+        for leg, cap in zip(legs, caps):
+            args += [leg.instance, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes,
+                     int(leg.transient), cap]
+        recorded = bool(keys and legs)
+        args += [self.residency_shard(keys[0]) if recorded else -1,
+                 (hex_keys or self.hex_blocks(keys)) if recorded else ""]
+        names = self._shard_keys(tag) + [tag + ":seq"] + [self.lru_key(leg.instance) for leg in legs]
+        return Op("B", tag, names, args)
+
+    def writes(self, tag: str, request_tokens: float, pairs: Sequence[tuple[str, str]]) -> Op:
+        """Batched (op, booking id) writes: 'P' prefill done, 'R' release."""
+        return Op("W", tag, self._shard_keys(tag), [request_tokens, *(x for pair in pairs for x in pair)])
+
+    def refresh(self, tag: str, lease_ms: int, request_tokens: float, ids: Sequence[str]) -> Op:
+        return Op("T", tag, self._shard_keys(tag), [lease_ms, request_tokens, *ids])
+
+    def unremember(self, instance: str, members: Sequence[str]) -> Op:
+        return Op("Z", self.instance_tag(instance), [self.lru_key(instance)], list(members))
+
+    def forget(self, instance: str, drop_load: bool) -> Op:
+        tag = self.instance_tag(instance)
+        return Op("F", tag, [self.lru_key(instance), tag + ":loads", tag + ":lz"], [instance, int(drop_load)])
