@@ -112,6 +112,13 @@ class StateStore(abc.ABC):
     async def prefill_done(self, booking: Booking) -> None:
         """The first byte arrived: the booked prefill tokens no longer queue. Idempotent."""
 
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        """A remote prefill instance finished computing the prompt (its leg answered) while
+        the KV is still on its way to D: the leg's queued prefill work stops queueing there,
+        the transfer and the rest stay booked until the first byte. Without it, requests
+        behind would see finished work ahead of them for a whole transfer. Idempotent; a
+        no-op for a booking without a remote prefill leg."""
+
     @abc.abstractmethod
     async def release(self, booking: Booking) -> None:
         """The request ended (any way): drop all its load. Idempotent."""

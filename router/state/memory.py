@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
+from router.state.base import Booking, Chooser, Leg, Load, Snapshot, StateStore
 from router.state.load_index import LoadIndex
 from router.state.residency import ResidencyIndex
 
@@ -36,6 +36,7 @@ class MemoryStore(StateStore):
         self._loads: dict[str, Load] = {}
         self._bookings: dict[str, Booking] = {}
         self._prefilled: set[str] = set()
+        self._legs_done: set[str] = set()  # bookings whose remote prefill leg finished computing
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -79,14 +80,27 @@ class MemoryStore(StateStore):
     def unrecord_residency(self, instance: str, keys: Sequence[int]) -> None:
         self._residency.unrecord(instance, keys)
 
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        bid = booking.id
+        if bid in self._bookings and bid not in self._prefilled and bid not in self._legs_done:
+            self._legs_done.add(bid)
+            for leg in booking.legs:
+                if leg.transient:
+                    self._add(leg.instance, Load(0, leg.prefill_tokens), sign=-1)
+
+    def _queued_work(self, bid: str, leg: Leg) -> int:
+        """The prefill work a leg still has booked (none once its remote prefill finished)."""
+        return 0 if leg.transient and bid in self._legs_done else leg.prefill_tokens
+
     async def prefill_done(self, booking: Booking) -> None:
         if booking.id in self._bookings and booking.id not in self._prefilled:
             self._prefilled.add(booking.id)
             for leg in booking.legs:
+                pf = self._queued_work(booking.id, leg)
                 if leg.transient:
-                    self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1)
+                    self._add(leg.instance, Load(1, pf, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1)
                 else:
-                    self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers, leg.transfer_bytes), sign=-1)
+                    self._add(leg.instance, Load(0, pf, 0, leg.transfers, leg.transfer_bytes), sign=-1)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
@@ -96,8 +110,9 @@ class MemoryStore(StateStore):
         for leg in booking.legs:
             if prefilled and leg.transient:
                 continue  # released at the first byte
-            pf, tx, tb = (0, 0, 0) if prefilled else (leg.prefill_tokens, leg.transfers, leg.transfer_bytes)
+            pf, tx, tb = (0, 0, 0) if prefilled else (self._queued_work(booking.id, leg), leg.transfers, leg.transfer_bytes)
             self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx, tb), sign=-1)
+        self._legs_done.discard(booking.id)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self.release(booking)

@@ -64,7 +64,8 @@ class RedisStore(StateStore):
     ) -> None:
         self._url = url
         self._flush_s = flush_s
-        self._queued: dict[str, str] = {}  # booking id -> batched write ('P' prefill done, 'R' release)
+        # booking id -> batched writes in order ('L' prefill leg done, 'P' prefill done, 'R' release)
+        self._queued: dict[str, str] = {}
         self._flush_timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
         self._prefix = "{" + key_prefix + "}"
@@ -153,8 +154,7 @@ class RedisStore(StateStore):
                     raise
                 await self._load_scripts()
             except BaseException:
-                for i in range(0, len(queued), 2):  # not sent: they go with the next round trip
-                    self._queued.setdefault(queued[i + 1], queued[i])
+                self._requeue(queued)
                 raise
         raise AssertionError("unreachable")
 
@@ -164,12 +164,20 @@ class RedisStore(StateStore):
             await self._client.script_load(script.script)
 
     def _take_queued(self) -> list[str]:
-        flat = [part for booking_id, op in self._queued.items() for part in (op, booking_id)]
+        flat = [part for booking_id, ops in self._queued.items() for op in ops for part in (op, booking_id)]
         self._queued = {}
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
         return flat
+
+    def _requeue(self, queued: list[str]) -> None:
+        """Writes that were not sent go with the next round trip, before any queued since."""
+        old: dict[str, str] = {}
+        for i in range(0, len(queued), 2):
+            old[queued[i + 1]] = old.get(queued[i + 1], "") + queued[i]
+        for booking_id, ops in old.items():
+            self._queued[booking_id] = ops + self._queued.get(booking_id, "")
 
     def _queue(self, booking_id: str, op: str) -> None:
         self._queued[booking_id] = op
@@ -304,10 +312,16 @@ class RedisStore(StateStore):
         self._mirror.book(revised)
         return revised
 
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        await self._mirror.prefill_leg_done(booking)
+        if booking.id in self._active and not self._queued.get(booking.id):
+            self._queue(booking.id, "L")  # rides with the next call, as a prefill done does
+
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
-        if booking.id in self._active and booking.id not in self._queued:
-            self._queue(booking.id, "P")  # no round trip of its own: see the module docstring
+        queued = self._queued.get(booking.id, "")
+        if booking.id in self._active and "P" not in queued and "R" not in queued:
+            self._queue(booking.id, queued + "P")  # no round trip of its own: see the module docstring
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)

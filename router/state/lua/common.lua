@@ -50,15 +50,21 @@ local function add_load(inst, req, pf, kv, tx, tb)
   end
 end
 
+-- The (negative) prefill work a leg still has booked: none once its remote prefill finished.
+local function queued_work(leg, lgdone)
+  if leg.transient and lgdone == '1' then return 0 end
+  return -leg.prefill_tokens
+end
+
 local function drop_booking(id)
   local bk = P .. ':bk:' .. id
-  local v = redis.call('HMGET', bk, 'legs', 'pfdone')
+  local v = redis.call('HMGET', bk, 'legs', 'pfdone', 'lgdone')
   redis.call('ZREM', P .. ':leases', id)
   if not v[1] then return 0 end
   local pending = v[2] ~= '1'
   for _, leg in ipairs(cjson.decode(v[1])) do
     if pending then
-      add_load(leg.instance, -1, -leg.prefill_tokens, -leg.kv_tokens, -leg.transfers, -(leg.transfer_bytes or 0))
+      add_load(leg.instance, -1, queued_work(leg, v[3]), -leg.kv_tokens, -leg.transfers, -(leg.transfer_bytes or 0))
     elseif not leg.transient then
       add_load(leg.instance, -1, 0, -leg.kv_tokens, 0, 0)
     end
