@@ -26,6 +26,11 @@ class Load:
     kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
     transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
     transfer_bytes: int = 0  # KV bytes those transfers move over the instance's NIC (link-aware booking)
+    # seconds the instance has been computing the head of its queued prefill: since that
+    # work was booked onto an empty queue, or since the last prefill there finished (FCFS:
+    # the next one starts then). Read only, set by stores that track it (memory), 0 otherwise;
+    # not booked load, so not part of equality.
+    prefill_started_s: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ book) is atomic with respect to every other request in the process.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
 from router.state.base import Booking, Chooser, Leg, Load, Snapshot, StateStore
@@ -37,6 +38,7 @@ class MemoryStore(StateStore):
         self._bookings: dict[str, Booking] = {}
         self._prefilled: set[str] = set()
         self._legs_done: set[str] = set()  # bookings whose remote prefill leg finished computing
+        self._head_since: dict[str, float] = {}  # instance -> when the head of its queued prefill started
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -45,6 +47,11 @@ class MemoryStore(StateStore):
         matched = self._residency.matched(keys, instances, self._clock())
         loads = self._loads
         loads = {i: loads.get(i, _IDLE) for i in instances}
+        if self._head_since:
+            now = self._clock()
+            for i, since in self._head_since.items():
+                if i in loads:
+                    loads[i] = replace(loads[i], prefill_started_s=max(0.0, now - since))
         return Snapshot(matched, loads, self._residency.confidences(keys, matched))
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -128,8 +135,18 @@ class MemoryStore(StateStore):
     async def drop_instance(self, instance: str) -> None:
         self._residency.forget(instance)
         self._loads.pop(instance, None)
+        self._head_since.pop(instance, None)
         self._index.update(instance, None)
         self._caps.pop(instance, None)
+
+    def _track_head(self, instance: str, old: int, new: int) -> None:
+        """FCFS prefill: work booked onto an empty queue starts now; when work leaves (a
+        prefill finished), the next in line starts now. An estimate, since the router does
+        not see the engine pick requests, but it tells a half-done queue from a full one."""
+        if new <= 0:
+            self._head_since.pop(instance, None)
+        elif old <= 0 or new < old:
+            self._head_since[instance] = self._clock()
 
     def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
         old = self._loads.get(instance, _IDLE)
@@ -140,6 +157,8 @@ class MemoryStore(StateStore):
             max(0, old.transfers + sign * delta.transfers),
             max(0, old.transfer_bytes + sign * delta.transfer_bytes),
         )
+        if new.prefill_tokens != old.prefill_tokens:
+            self._track_head(instance, old.prefill_tokens, new.prefill_tokens)
         if new == _IDLE:  # absent means idle: instances that come and go leave nothing behind
             self._loads.pop(instance, None)
         else:

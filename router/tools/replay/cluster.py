@@ -46,6 +46,7 @@ class ClusterSpec:
     zones: int = 1
     uplink_gbps: float | None = None  # per zone; None = 4 NICs' worth
     link_aware: bool = False  # the router books bytes in flight per link (pd.handoff.link_aware)
+    prefill_chunk_tokens: int = 0  # the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens)
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -90,7 +91,8 @@ class ClusterSpec:
             return {}
         t = profile_timing(self.perf(), self.slowdown)
         return {"prefill_tokens_per_s": t["prefill_tokens_per_s"], "attention_s_per_token2": t["attention_s_per_token2"],
-                "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"]}
+                "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"],
+                "prefill_chunk_tokens": self.prefill_chunk_tokens}
 
     def pd_config(self) -> PDConfig:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
@@ -102,7 +104,8 @@ class ClusterSpec:
             links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=min(link, self.uplink()),
                              setup_s=self.transfer_latency_s),
             handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.perf().max_batched_tokens,
-                                  link_aware=self.link_aware, nic_gbps=link),
+                                  link_aware=self.link_aware, nic_gbps=link,
+                                  transfer_interference=self.transfer_interference),
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
             decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],
