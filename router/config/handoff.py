@@ -22,7 +22,9 @@ class HandoffConfig(BaseModel):
                                          "the engine's NIC moves KV (an assumption until measured, as in the emulator): "
                                          "SGLang prefill instances stream KV through their prefill, so their queue and "
                                          "prefill are priced this much slower")
-    link_aware: bool = Field(default=False, description="book KV bytes in flight per instance NIC and price waiting for them")
+    link_aware: bool = Field(default=False, description="isolation: book KV bytes in flight per instance NIC and price "
+                             "waiting for them, and keep prefill chunks that would stall running decodes past "
+                             "pd.tbt_target_s off decode instances while a pair can take them")
     nic_gbps: float | None = Field(default=None, gt=0, description="each instance's NIC, Gbit/s; None = the topology link")
     max_link_backlog_s: float = Field(default=0.05, ge=0, description="with link_aware: pairs whose NIC (either end) "
                                       "already has more booked bytes than this many seconds of its bandwidth are "
