@@ -50,9 +50,11 @@ def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
 
 def queued_seconds(view: View, rate: float) -> float:
     """The booked prefill ahead at the instance's rate, less what the head of that queue has
-    computed since it started (``Load.prefill_started_s``): a queue whose head is half done
-    is half as long as its bookings say."""
-    return max(0.0, view.load.prefill_tokens / rate - view.load.prefill_started_s)
+    computed since it started (``Load.prefill_started_s``, at most its own work): a queue
+    whose head is half done is shorter than its bookings say."""
+    load = view.load
+    done = min(load.prefill_started_s, load.prefill_head_tokens / rate)
+    return max(0.0, load.prefill_tokens / rate - done)
 
 
 def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:

@@ -102,7 +102,8 @@ class TTFTScorer:
             rate = cand.prefill_tokens_per_s or default_rate
             held = matched * block
             cached = (prompt if held > prompt else held) * conf
-            queued = load.prefill_tokens / rate - load.prefill_started_s
+            started, head = load.prefill_started_s, load.prefill_head_tokens / rate
+            queued = load.prefill_tokens / rate - (head if head < started else started)
             if queued > 0.0:
                 if chunk:
                     ahead = queued * rate

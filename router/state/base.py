@@ -31,6 +31,7 @@ class Load:
     # the next one starts then). Read only, set by stores that track it (memory), 0 otherwise;
     # not booked load, so not part of equality.
     prefill_started_s: float = field(default=0.0, compare=False)
+    prefill_head_tokens: int = field(default=0, compare=False)  # that head's booked work: it cannot drain more
 
 
 @dataclass(frozen=True)

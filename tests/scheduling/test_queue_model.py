@@ -30,13 +30,17 @@ def test_the_last_chunk_shares_its_step_with_what_waits_behind():
     assert shared_step_tokens(10_000, 6_000, 8192) == 384
 
 
-def test_a_started_head_shortens_the_queue():
-    v = View(Candidate("a"), 0, Load(requests=1, prefill_tokens=8000, prefill_started_s=0.25))
-    req = RouteRequest("r", (), 100, 16, 16)
-    flat = TTFTWeights(prefill_tokens_per_s=8000.0)
-    assert colocated_ttft(req, v, flat).queue_s == pytest.approx(0.75)
-    done = v._replace(load=Load(requests=1, prefill_tokens=8000, prefill_started_s=3.0))
-    assert colocated_ttft(req, done, flat).queue_s == 0.0  # never below nothing
+def queue_s(**load) -> float:
+    v = View(Candidate("a"), 0, Load(requests=2, prefill_tokens=8000, **load))
+    return colocated_ttft(RouteRequest("r", (), 100, 16, 16), v, TTFTWeights(prefill_tokens_per_s=8000.0)).queue_s
+
+
+def test_a_started_head_shortens_the_queue_by_at_most_its_own_work():
+    assert queue_s(prefill_started_s=0.25, prefill_head_tokens=4000) == pytest.approx(0.75)
+    # the head (4000 tokens, 0.5 s) has run 3 s: the engine is slower than believed, or the
+    # head waits on something; what is behind it has not started
+    assert queue_s(prefill_started_s=3.0, prefill_head_tokens=4000) == pytest.approx(0.5)
+    assert queue_s(prefill_started_s=3.0) == pytest.approx(1.0)  # a store that does not know the head (Redis)
 
 
 def test_the_inlined_estimate_keeps_agreeing_with_the_cost_model():
@@ -44,7 +48,8 @@ def test_the_inlined_estimate_keeps_agreeing_with_the_cost_model():
     scorer = TTFTScorer(W)
     for _ in range(300):
         views = [View(Candidate(f"i{k}", prefill_tokens_per_s=rng.choice([None, 5000.0, 20000.0])), rng.randint(0, 20),
-                      Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]), prefill_started_s=rng.uniform(0, 2)),
+                      Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]), prefill_started_s=rng.uniform(0, 2),
+                           prefill_head_tokens=rng.randint(0, 20_000)),
                       confidence=rng.uniform(0.3, 1.0)) for k in range(4)]
         req = RouteRequest("r", tuple(range(20)), rng.randint(1, 30_000), 16, 64)
         assert scorer.estimates(req, views) == pytest.approx([colocated_ttft(req, v, W).total_s for v in views])
@@ -54,20 +59,24 @@ async def test_the_memory_store_says_how_long_the_queue_head_has_run():
     now = [0.0]
     store = MemoryStore({"a": 8}, clock=lambda: now[0])
 
-    def started() -> float:
-        return store.snapshot_now([], ["a"]).loads["a"].prefill_started_s
+    def head() -> tuple[float, int]:
+        load = store.snapshot_now([], ["a"]).loads["a"]
+        return load.prefill_started_s, load.prefill_head_tokens
 
     _, first = await store.decide([], ["a"], _Book("r1", 100))
     now[0] = 2.0
-    assert started() == 2.0
-    _, second = await store.decide([], ["a"], _Book("r2", 100))  # queued behind: the head is still r1
+    assert head() == (2.0, 100)
+    _, second = await store.decide([], ["a"], _Book("r2", 300))  # queued behind: the head is still r1
+    _, third = await store.decide([], ["a"], _Book("r3", 500))
     now[0] = 5.0
-    assert started() == 5.0
-    await store.prefill_done(first)  # r1 finished: r2 starts now
+    assert head() == (5.0, 100)
+    await store.release(second)  # r2 gave up before it started: r1 is still the head
+    assert head() == (5.0, 100)
+    await store.prefill_done(first)  # r1 finished: r3 starts now
     now[0] = 6.0
-    assert started() == 1.0
-    await store.prefill_done(second)
-    assert started() == 0.0 and store.snapshot_now([], ["a"]).loads["a"].prefill_tokens == 0
+    assert head() == (1.0, 500)
+    await store.prefill_done(third)
+    assert head() == (0.0, 0) and store.snapshot_now([], ["a"]).loads["a"].prefill_tokens == 0
 
 
 class _Book:
