@@ -18,7 +18,13 @@ class HandoffConfig(BaseModel):
 
     overlap_chunk_tokens: int = Field(default=8192, ge=1, description="SGLang streams KV per prefill chunk of this "
                                       "many tokens, so only the last chunk's transfer adds to TTFT (vLLM pulls after the prefill)")
-    link_aware: bool = Field(default=False, description="book KV bytes in flight per instance NIC and price waiting for them")
+    transfer_interference: float = Field(default=0.1, ge=0, description="engine steps slow by this fraction while "
+                                         "the engine's NIC moves KV (an assumption until measured, as in the emulator): "
+                                         "SGLang prefill instances stream KV through their prefill, so their queue and "
+                                         "prefill are priced this much slower")
+    link_aware: bool = Field(default=False, description="isolation: book KV bytes in flight per instance NIC and price "
+                             "waiting for them, and keep prefill chunks that would stall running decodes past "
+                             "pd.tbt_target_s off decode instances while a pair can take them")
     nic_gbps: float | None = Field(default=None, gt=0, description="each instance's NIC, Gbit/s; None = the topology link")
     max_link_backlog_s: float = Field(default=0.05, ge=0, description="with link_aware: pairs whose NIC (either end) "
                                       "already has more booked bytes than this many seconds of its bandwidth are "

@@ -153,6 +153,9 @@ class TTFTWeights(_Strict):
     attention_s_per_token2: float = Field(default=1.0e-9, ge=0, description="context-dependent prefill cost per (token x context token)")
     request_overhead_s: float = Field(default=0.005, ge=0, description="fixed cost per queued request")
     decode_interference_s: float = Field(default=0.002, ge=0, description="added delay per running request on the instance")
+    prefill_chunk_tokens: int = Field(default=0, ge=0, description="engines' token budget per step (vLLM "
+                                      "max_num_batched_tokens, SGLang chunked_prefill_size): a queued request's last chunk "
+                                      "shares its step with the work behind it; 0 = not modelled")
     tie_tolerance: float = Field(default=0.05, ge=0, lt=1, description="estimates within this fraction of the best are a tie, broken randomly")
     bounded_load_factor: float = Field(default=2.0, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
     bounded_load_slack: int = Field(default=2, ge=0, description="in-flight requests always allowed above the mean before the bound applies")

@@ -15,6 +15,7 @@ request) times the external share of its waiting requests.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from router.core.instances import Candidate
@@ -54,14 +55,15 @@ def add_loads(snap: Snapshot, extra: Mapping[str, Load]) -> Snapshot:
     for instance, more in extra.items():
         if instance not in loads:
             continue
-        old = loads[instance]
-        loads[instance] = Load(
-            old.requests + more.requests,
-            old.prefill_tokens + more.prefill_tokens,
-            old.kv_tokens + more.kv_tokens,
-            old.transfers + more.transfers,
+        old = loads[instance]  # every other field (bytes in flight, the head's start) stays as booked
+        loads[instance] = replace(
+            old,
+            requests=old.requests + more.requests,
+            prefill_tokens=old.prefill_tokens + more.prefill_tokens,
+            kv_tokens=old.kv_tokens + more.kv_tokens,
+            transfers=old.transfers + more.transfers,
         )
-    return Snapshot(snap.matched, loads)
+    return replace(snap, loads=loads)
 
 
 class ExternalLoadPolicy:

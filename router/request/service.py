@@ -264,7 +264,9 @@ class RouterService:
                              tried: Tried) -> AttemptOutcome:
         prefill, decode = attempt.prefill, attempt.instance
         assert prefill is not None
-        legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background)
+        booking = attempt.routed.booking
+        legs = Legs(self.upstream, self.timeout, headers, path, prefill, decode, self.background,
+                    on_prefilled=lambda: self.store.prefill_leg_done(booking))
         try:
             async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if parsed.stream else None) as deadline:
                 with give_up_when_down(decode, deadline):

@@ -1,7 +1,8 @@
 """TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
 
     ttft = queue + prefill + interference
-    queue        = booked prefill tokens ahead / prefill rate
+    queue        = (booked prefill ahead - what its head has run) / rate
+                   + others' work sharing the step of the last chunk (chunked prefill)
     prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
     interference = per-request delay * requests in flight (decode steps share the GPU)
 
@@ -64,6 +65,29 @@ def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
     return round(req.prompt_tokens - cached + attention * rate)
 
 
+def queued_seconds(view: View, rate: float) -> float:
+    """The booked prefill ahead at the instance's rate, less what the head of that queue has
+    computed since it started (``Load.prefill_started_s``, at most its own work): a queue
+    whose head is half done is shorter than its bookings say."""
+    load = view.load
+    done = min(load.prefill_started_s, load.prefill_head_tokens / rate)
+    return max(0.0, load.prefill_tokens / rate - done)
+
+
+def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:
+    """Tokens of others' work in the step that computes a queued request's last chunk.
+
+    Behind a queue, an engine runs full steps of ``chunk`` tokens (chunked prefill), so the
+    request's last tokens share a step with the work queued behind it, up to the rest of
+    that step. In a steady FCFS queue the work left behind at one's start is on average what
+    was ahead at one's arrival, so ``ahead`` stands for it. No queue, no shared step."""
+    if chunk <= 0 or ahead <= 0:
+        return 0.0
+    through = ahead + uncached
+    room = -through % chunk
+    return room if room < ahead else ahead
+
+
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     cached = view.expected_cached_tokens(req)
@@ -72,8 +96,9 @@ def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTT
     else:
         prefill_s, cached = with_store(req, view, cached, rate, weights)
     uncached = req.prompt_tokens - cached
+    queue = queued_seconds(view, rate)
     return TTFTTerms(
-        queue_s=view.load.prefill_tokens / rate,
+        queue_s=queue + shared_step_tokens(queue * rate, uncached, weights.prefill_chunk_tokens) / rate,
         prefill_s=prefill_s,
         interference_s=weights.decode_interference_s * view.load.requests,
         uncached_tokens=round(uncached),

@@ -2,7 +2,8 @@
 
     ttft(P, D) = queue(P) + prefill(P) + transfer(P -> D) + admission(D) + step(D)
 
-queue and prefill are the colocated terms on P (cost.py). The KV that D lacks
+queue and prefill are the colocated terms on P (cost.py), slower by the transfer
+interference on an SGLang P (its NIC streams KV while it computes). The KV that D lacks
 (prompt - cached on D) crosses the link between P and D: bytes / (link bandwidth shared
 by the transfers already in flight at either end). Overlap follows the protocol: vLLM
 (NIXL) pulls after the prefill, so the whole transfer adds to TTFT; SGLang streams each
@@ -82,8 +83,10 @@ def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_
     if h.link_aware:
         backlog = link_backlog_s(p, d, pd, lead_s)
         serial += backlog if backlog > h.max_link_backlog_s else min(serial, backlog)
-    if flavor(p) == "sglang":
-        last = min(tokens, pd.handoff.overlap_chunk_tokens) * per_token / bytes_per_s
+    if flavor(p) == "sglang":  # what moves after the prefill: the KV of its last chunk
+        chunk = pd.handoff.overlap_chunk_tokens
+        computed = max(1, req.prompt_tokens - p.cached_tokens(req))
+        last = min(tokens, (computed - 1) % chunk + 1) * per_token / bytes_per_s
         serial = max(last, serial - prefill_s)
     return pd.links.setup_s + serial
 
@@ -118,6 +121,9 @@ def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights,
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
     t = colocated_ttft(req, p, weights)
-    transfer = transfer_seconds(req, p, d, pd, t.prefill_s, t.queue_s + t.prefill_s)
-    return RouteCost(t.queue_s, t.prefill_s, transfer, admission_seconds(req, d, pd), step,
+    # an SGLang prefill instance's NIC streams the KV of what it computes, while it computes
+    slow = 1.0 + pd.handoff.transfer_interference if flavor(p) == "sglang" else 1.0
+    queue, prefill = t.queue_s * slow, t.prefill_s * slow
+    transfer = transfer_seconds(req, p, d, pd, prefill, queue + prefill)
+    return RouteCost(queue, prefill, transfer, admission_seconds(req, d, pd), step,
                      t.uncached_tokens, transfer_tokens(req, d), transfer_bytes(req, p, d, pd))

@@ -19,7 +19,8 @@ from router.config.model import PDConfig, TTFTWeights
 from router.scheduling.filters import BoundedLoadFilter, KVRoomFilter, TBTFilter
 from router.core.errors import NoRoute
 from router.scheduling.framework import Filter, RouteRequest, View
-from router.scheduling.pd_cost import admission_seconds, route_cost, transfer_tokens
+from router.scheduling.cost import prefill_seconds
+from router.scheduling.pd_cost import admission_seconds, decode_step_seconds, route_cost, transfer_tokens
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.scheduling.scorers import TTFTScorer
 from router.scheduling.store_cost import computed_tokens
@@ -72,7 +73,9 @@ class PairRoutes:
         off the decode instances, whose time between tokens is what PD protects. SGLang
         decode workers never serve alone (they only take requests paired through a
         bootstrap room). Decode instances must pass the TBT, KV-room and bounded-load
-        filters, prefill instances the bounded-load one (each fail-open)."""
+        filters, prefill instances the bounded-load one (each fail-open). With link-aware
+        booking, a decode instance with decodes running never prefills a prompt whose chunk
+        would stall them past the TBT target (``_stalls_decodes``)."""
         prefills, decodes = split_pools(views)
         if not decodes:
             raise NoRoute("no decode or mixed instance is available")
@@ -103,12 +106,26 @@ class PairRoutes:
             always = d.candidate.role == "mixed" or best is None or lacks < threshold
             if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
                 continue
+            if not always and pd.handoff.link_aware and self._stalls_decodes(req, d):
+                continue
             local = route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
                 out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence)))
         if not out:
             raise NoRoute("no compatible prefill instance for decode instances that cannot prefill alone")
         return out
+
+    def _stalls_decodes(self, req: RouteRequest, d: View) -> bool:
+        """Isolation (with link-aware booking): prefilling on D runs its chunks in the steps
+        of the decodes running there, so each of those steps lasts a whole chunk. A chunk
+        that would hold them past the TBT target does damage a pair does not, however
+        long the prefill queues are: the route is not offered while D has decodes."""
+        if d.load.requests <= 0:
+            return False
+        w, pd = self._w, self._pd
+        rate = d.candidate.prefill_tokens_per_s or w.prefill_tokens_per_s
+        chunk = min(req.prompt_tokens - d.cached_tokens(req), pd.handoff.overlap_chunk_tokens)
+        return prefill_seconds(chunk, chunk, rate, w) + decode_step_seconds(d, pd) > pd.tbt_target_s
 
     def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
                ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:

@@ -94,6 +94,7 @@ class TTFTScorer:
             return [colocated_ttft(req, r.prefilling, w).total_s for r in routes]
         default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
+        chunk = w.prefill_chunk_tokens
         prompt, block = req.prompt_tokens, req.block_tokens
         full = attention * prompt * prompt / 2
         out = []
@@ -103,8 +104,18 @@ class TTFTScorer:
             rate = cand.prefill_tokens_per_s or default_rate
             held = matched * block
             cached = (prompt if held > prompt else held) * conf
+            started, head = load.prefill_started_s, load.prefill_head_tokens / rate
+            queued = load.prefill_tokens / rate - (head if head < started else started)
+            if queued > 0.0:
+                if chunk:
+                    ahead = queued * rate
+                    room = -(ahead + prompt - cached) % chunk
+                    queued += (room if room < ahead else ahead) / rate
+            else:
+                queued = 0.0
             out.append(
-                (load.prefill_tokens + prompt - cached) / rate
+                queued
+                + (prompt - cached) / rate
                 + overhead
                 + full - attention * cached * cached / 2
                 + interference * load.requests

@@ -26,6 +26,12 @@ class Load:
     kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
     transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
     transfer_bytes: int = 0  # KV bytes those transfers move over the instance's NIC (link-aware booking)
+    # seconds the instance has been computing the head of its queued prefill: since that
+    # work was booked onto an empty queue, or since the last prefill there finished (FCFS:
+    # the next one starts then). Read only, set by stores that track it (memory), 0 otherwise;
+    # not booked load, so not part of equality.
+    prefill_started_s: float = field(default=0.0, compare=False)
+    prefill_head_tokens: int = field(default=0, compare=False)  # that head's booked work: it cannot drain more
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,13 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     async def prefill_done(self, booking: Booking) -> None:
         """The first byte arrived: the booked prefill tokens no longer queue. Idempotent."""
+
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        """A remote prefill instance finished computing the prompt (its leg answered) while
+        the KV is still on its way to D: the leg's queued prefill work stops queueing there,
+        the transfer and the rest stay booked until the first byte. Without it, requests
+        behind would see finished work ahead of them for a whole transfer. Idempotent; a
+        no-op for a booking without a remote prefill leg."""
 
     @abc.abstractmethod
     async def release(self, booking: Booking) -> None:

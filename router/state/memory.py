@@ -7,9 +7,10 @@ book) is atomic with respect to every other request in the process.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
-from router.state.base import Booking, Chooser, Load, Snapshot, StateStore
+from router.state.base import Booking, Chooser, Leg, Load, Snapshot, StateStore
 from router.state.load_index import LoadIndex
 from router.state.residency import ResidencyIndex
 
@@ -36,6 +37,10 @@ class MemoryStore(StateStore):
         self._loads: dict[str, Load] = {}
         self._bookings: dict[str, Booking] = {}
         self._prefilled: set[str] = set()
+        self._legs_done: set[str] = set()  # bookings whose remote prefill leg finished computing
+        # FCFS prefill per instance: booking id -> queued work, oldest first; and the head's (id, start, work)
+        self._queues: dict[str, dict[str, int]] = {}
+        self._heads: dict[str, tuple[str, float, int]] = {}
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -44,6 +49,11 @@ class MemoryStore(StateStore):
         matched = self._residency.matched(keys, instances, self._clock())
         loads = self._loads
         loads = {i: loads.get(i, _IDLE) for i in instances}
+        if self._heads:
+            now = self._clock()
+            for i, (_, since, work) in self._heads.items():
+                if i in loads:
+                    loads[i] = replace(loads[i], prefill_started_s=max(0.0, now - since), prefill_head_tokens=work)
         return Snapshot(matched, loads, self._residency.confidences(keys, matched))
 
     def load_of(self, instance: str) -> Load:
@@ -72,7 +82,7 @@ class MemoryStore(StateStore):
             return
         self._bookings[booking.id] = booking
         for leg in booking.legs:
-            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes))
+            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes), bid=booking.id)
             if booking.keys:
                 self.record_residency(leg.instance, booking.keys)
 
@@ -83,14 +93,27 @@ class MemoryStore(StateStore):
     def unrecord_residency(self, instance: str, keys: Sequence[int]) -> None:
         self._residency.unrecord(instance, keys)
 
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        bid = booking.id
+        if bid in self._bookings and bid not in self._prefilled and bid not in self._legs_done:
+            self._legs_done.add(bid)
+            for leg in booking.legs:
+                if leg.transient:
+                    self._add(leg.instance, Load(0, leg.prefill_tokens), sign=-1, bid=bid)
+
+    def _queued_work(self, bid: str, leg: Leg) -> int:
+        """The prefill work a leg still has booked (none once its remote prefill finished)."""
+        return 0 if leg.transient and bid in self._legs_done else leg.prefill_tokens
+
     async def prefill_done(self, booking: Booking) -> None:
         if booking.id in self._bookings and booking.id not in self._prefilled:
             self._prefilled.add(booking.id)
             for leg in booking.legs:
+                pf = self._queued_work(booking.id, leg)
                 if leg.transient:
-                    self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1)
+                    self._add(leg.instance, Load(1, pf, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1, bid=booking.id)
                 else:
-                    self._add(leg.instance, Load(0, leg.prefill_tokens, 0, leg.transfers, leg.transfer_bytes), sign=-1)
+                    self._add(leg.instance, Load(0, pf, 0, leg.transfers, leg.transfer_bytes), sign=-1, bid=booking.id)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
@@ -100,8 +123,9 @@ class MemoryStore(StateStore):
         for leg in booking.legs:
             if prefilled and leg.transient:
                 continue  # released at the first byte
-            pf, tx, tb = (0, 0, 0) if prefilled else (leg.prefill_tokens, leg.transfers, leg.transfer_bytes)
-            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx, tb), sign=-1)
+            pf, tx, tb = (0, 0, 0) if prefilled else (self._queued_work(booking.id, leg), leg.transfers, leg.transfer_bytes)
+            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx, tb), sign=-1, bid=booking.id)
+        self._legs_done.discard(booking.id)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self.release(booking)
@@ -117,10 +141,31 @@ class MemoryStore(StateStore):
     async def drop_instance(self, instance: str) -> None:
         self._residency.forget(instance)
         self._loads.pop(instance, None)
+        self._queues.pop(instance, None)
+        self._heads.pop(instance, None)
         self._index.update(instance, None)
         self._caps.pop(instance, None)
 
-    def _add(self, instance: str, delta: Load, sign: int = 1) -> None:
+    def _track_head(self, instance: str, bid: str, work: int, sign: int) -> None:
+        """FCFS prefill: the oldest booking with work queued on an instance is its head, and
+        has been computing since it became the head (booked onto an empty queue, or the one
+        before it finished). An estimate, since the router does not see the engine pick
+        requests, but it tells a half-done queue from a full one."""
+        queue = self._queues.setdefault(instance, {})
+        if sign > 0:
+            queue[bid] = work
+        else:
+            queue.pop(bid, None)
+        if not queue:
+            del self._queues[instance]
+            self._heads.pop(instance, None)
+            return
+        first = next(iter(queue))
+        head = self._heads.get(instance)
+        if head is None or head[0] != first:
+            self._heads[instance] = (first, self._clock(), queue[first])
+
+    def _add(self, instance: str, delta: Load, sign: int = 1, bid: str = "") -> None:
         old = self._loads.get(instance, _IDLE)
         new = Load(
             max(0, old.requests + sign * delta.requests),
@@ -129,6 +174,8 @@ class MemoryStore(StateStore):
             max(0, old.transfers + sign * delta.transfers),
             max(0, old.transfer_bytes + sign * delta.transfer_bytes),
         )
+        if delta.prefill_tokens and bid:
+            self._track_head(instance, bid, delta.prefill_tokens, sign)
         if new == _IDLE:  # absent means idle: instances that come and go leave nothing behind
             self._loads.pop(instance, None)
         else:

@@ -112,6 +112,9 @@ class PreciseStore(StateStore):
         self._unspeculate(booking)
         await self.inner.prefill_done(booking)
 
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        await self.inner.prefill_leg_done(booking)
+
     async def release(self, booking: Booking) -> None:
         self._approx_held.pop(booking.id, None)
         self._unspeculate(booking)

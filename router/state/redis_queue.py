@@ -28,7 +28,7 @@ class WriteQueue:
         self._flush_s = flush_s
         self._flush = flush
         self._max_unholds = max_unholds
-        self._bookings: dict[str, tuple[str, Booking]] = {}  # booking id -> ('P' prefill done | 'R' release, booking)
+        self._bookings: dict[str, tuple[str, Booking]] = {}  # booking id -> ('L' leg done | 'P' prefill done | 'R' release, booking)
         self._unholds: dict[int, list[tuple[str, str]]] = {}  # residency shard -> (block key, instance)
         self._unhold_count = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -46,6 +46,10 @@ class WriteQueue:
         self._bookings[booking.id] = (op, booking)
         if arm:
             self._arm()
+
+    def op(self, booking_id: str) -> str | None:
+        entry = self._bookings.get(booking_id)
+        return entry[0] if entry is not None else None
 
     def discard(self, booking_id: str) -> None:
         self._bookings.pop(booking_id, None)

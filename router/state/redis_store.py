@@ -341,11 +341,19 @@ class RedisStore(StateStore):
         return ops
 
     # -- the request's end -----------------------------------------------------------------
+    async def prefill_leg_done(self, booking: Booking) -> None:
+        await self._mirror.prefill_leg_done(booking)
+        self._reindex(booking.instances)
+        if booking.id in self._active and booking.id not in self._writes:
+            self._writes.put(booking, "L")  # rides with the next call, as a prefill done does
+
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
         self._reindex(booking.instances)
         if booking.id in self._active and booking.id not in self._writes:
             self._writes.put(booking, "P")  # no round trip of its own: see the module docstring
+        elif booking.id in self._active and self._writes.op(booking.id) == "L":
+            self._writes.put(booking, "P")  # supersedes the unsent leg done: "P" releases the whole leg
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)

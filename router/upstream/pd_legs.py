@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,9 @@ class Legs:
     prefill: Instance
     decode: Instance
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    # called once the prefill leg answered well (its prefill is computed, the KV may still
+    # be moving): the router stops counting that work as queued on the prefill instance
+    on_prefilled: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ async def run_vllm(legs: Legs, body: dict[str, Any], min_tokens: str) -> LegsRes
         raise PrefillFailed(f"prefill unreachable: {type(exc).__name__}", fatal=isinstance(exc, httpx.ConnectError)) from None
     prefill_s = time.perf_counter() - started
     _check_prefill(resp)
+    if legs.on_prefilled is not None:
+        await legs.on_prefilled()
     try:
         params = resp.json().get("kv_transfer_params")
     except (ValueError, AttributeError):
@@ -99,6 +105,8 @@ async def run_sglang(legs: Legs, body: dict[str, Any], rng: random.Random) -> Le
             raise PrefillFailed(f"prefill unreachable: {type(exc).__name__}", fatal=isinstance(exc, httpx.ConnectError)) from None
         timings["prefill"] = time.perf_counter() - started
         _check_prefill(resp)
+        if legs.on_prefilled is not None:
+            await legs.on_prefilled()
         return resp
 
     p_task = asyncio.create_task(prefill_leg())

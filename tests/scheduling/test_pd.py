@@ -120,3 +120,21 @@ def test_sglang_decode_workers_never_serve_alone():
     assert d.mode == "disaggregated" and d.prefill == "sp"
     with pytest.raises(NoRoute):
         policy().choose(req(), [sd], snap([sd]))
+
+
+def test_isolation_keeps_a_long_prefill_off_decode_instances_with_decodes_running():
+    # both prefill instances are swamped: without isolation the prompt runs on a decode instance
+    queued = {"p1": Load(10, 400_000, 0, 0), "p2": Load(10, 400_000, 0, 0)}
+    busy = {**queued, "d1": Load(30, 0, 30_000, 0), "d2": Load(30, 0, 30_000, 0)}
+    assert policy().choose(req(), CLUSTER, snap(CLUSTER, loads=busy)).reason == "decode_only_faster"
+    isolated = policy(handoff={"link_aware": True})
+    d = isolated.choose(req(), CLUSTER, snap(CLUSTER, loads=busy))
+    # an 8K chunk (0.8 s at 10K tokens/s) would hold 30 running decodes far past the 0.1 s TBT target
+    assert d.mode == "disaggregated" and not any(r.startswith("d") and "<-" not in r for r in d.terms)
+    # an idle decode instance stalls nobody: it may still prefill for itself
+    d = isolated.choose(req(), CLUSTER, snap(CLUSTER, loads={**queued, "d1": Load(30, 0, 30_000, 0)}))
+    assert d.mode == "decode_only" and d.instance == "d2"
+    # a short prompt's chunk fits within the target: decode instances may take it
+    short = RouteRequest("r", tuple(range(12)), 700, 64, 64)
+    d = isolated.choose(short, CLUSTER, snap(CLUSTER, loads=busy))
+    assert d.mode == "decode_only"

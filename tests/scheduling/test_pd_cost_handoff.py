@@ -26,8 +26,11 @@ def test_vllm_pulls_after_the_prefill_so_the_whole_transfer_counts():
 
 def test_sglang_streams_during_the_prefill_so_only_the_last_chunk_counts():
     p, d = pair("sglang")
-    chunk = PD.handoff.overlap_chunk_tokens * 1000 / 1e9
-    assert transfer_seconds(REQ, p, d, PD, prefill_s=10.0) == pytest.approx(chunk)
+    chunk = PD.handoff.overlap_chunk_tokens
+    last = (20_001 - 1) % chunk + 1  # 20,001 tokens in chunks of 8192: the last one holds 3,617
+    assert transfer_seconds(REQ, p, d, PD, prefill_s=10.0) == pytest.approx(last * 1000 / 1e9)
+    exact = RouteRequest("r", (), 2 * chunk, 16, 16)  # a whole last chunk when it divides evenly
+    assert transfer_seconds(exact, p, d, PD, prefill_s=10.0) == pytest.approx(chunk * 1000 / 1e9)
     # a prefill shorter than the transfer hides only its own duration
     assert transfer_seconds(REQ, p, d, PD, prefill_s=0.005) == pytest.approx(20_001 * 1000 / 1e9 - 0.005)
 

@@ -180,3 +180,24 @@ async def test_transfer_bytes_are_booked_on_both_ends_and_released_at_the_first_
     await store.release(one)
     view = await store.snapshot([], INSTANCES)
     assert view.loads["a"] == Load() and view.loads["c"] == Load()
+
+
+async def test_a_finished_prefill_leg_stops_queueing_but_keeps_its_transfer_booked(make_store):
+    store = await make_store()
+    _, other = await store.decide([], INSTANCES, GreedyChooser("q1", [], only="b"))  # 100 queued on b, untouched
+    _, booking = await store.decide([1, 2], INSTANCES, PairChooser("pd3", [1, 2], "a", "b"))
+    await store.prefill_leg_done(booking)
+    await store.prefill_leg_done(booking)  # idempotent
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["b"] == Load(2, 100, 150, 1) and view.loads["a"] == Load(1, 0, 300, 1)
+    await store.prefill_done(booking)  # the first byte: the leg is gone, its work not subtracted twice
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["b"] == Load(1, 100, 150, 0) and view.loads["a"] == Load(1, 0, 300, 0)
+    _, early = await store.decide([], INSTANCES, PairChooser("pd4", [], "c", "b"))
+    await store.prefill_leg_done(early)
+    await store.release(early)  # ended before its first byte: the rest of it goes, nothing twice
+    await store.release(booking)
+    view = await store.snapshot([], INSTANCES)
+    assert view.loads["b"] == Load(1, 100, 150, 0) and view.loads["a"] == Load() and view.loads["c"] == Load()
+    await store.release(other)
+    assert (await store.snapshot([], INSTANCES)).loads["b"] == Load()

@@ -1,6 +1,7 @@
 """PD end to end against recording fake engines: the bodies each leg sees, field by field."""
 
 import copy
+import time
 from contextlib import ExitStack, contextmanager
 
 import httpx
@@ -157,3 +158,25 @@ def test_ttft_slo_rejects_with_429_before_sending():
         assert r.status_code == 429 and r.json()["error"]["code"] == "ttft_slo" and int(r.headers["retry-after"]) >= 1
         assert httpx.post(f"{url}/v1/completions", json=body(), headers={"x-ttft-slo-ms": "soon"}).status_code == 400
     assert len(p.received) == 1 and len(d.received) == 1
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_the_prefill_work_stops_queueing_once_the_prefill_leg_answered(flavor):
+    """While D has not sent its first byte (the KV still moving), P's booked prefill is gone
+    but the request and its transfer stay booked on it."""
+    import threading
+
+    p, d = FakeBackend("p", kv_params=copy.deepcopy(KV)), FakeBackend("d", first_byte_s=1.0)
+    with pd_cluster([p], [d], flavor=flavor) as (url, _):
+        done = threading.Event()
+        threading.Thread(target=lambda: (httpx.post(f"{url}/v1/completions", json=body(stream=True), timeout=10),
+                                         done.set()), daemon=True).start()
+        deadline = time.monotonic() + 5
+        while not (p.received and d.received) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the prefill leg answered at once; the decode leg holds its first byte for 1 s
+        assert not done.is_set()
+        routed = httpx.post(f"{url}/debug/route", json=body(), headers=ADMIN).json()
+        load = {c["id"]: c["load"] for c in routed["candidates"]}["p"]
+        assert load["prefill_tokens"] == 0 and load["requests"] == 1 and load["transfers"] == 1
+        assert done.wait(5)

@@ -12,7 +12,7 @@
 -- Instance shard {P:i<n>} (instances whose name hashes to n):
 --   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
---   :bk             hash booking id -> pfdone flag + this shard's legs (\30 between legs, \31 between fields)
+--   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + this shard's legs (\30 between legs, \31 between fields)
 --   :leases         zset booking id -> lease expiry (ms)
 --   :lru:<inst>     zset "<residency shard>:<block key, 16 hex digits>" -> recency, capped at the capacity
 --   :seq            recency sequence
@@ -71,17 +71,25 @@ local function legs_of(packed)
     for x in string.gmatch(leg, '[^\31]+') do f[#f + 1] = x end
     legs[#legs + 1] = {f[1], tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0, f[6] == '1'}
   end
-  return string.sub(packed, 1, 1) == '1', legs
+  local flag = string.sub(packed, 1, 1)
+  return flag == '1', legs, flag == '2'
+end
+
+-- The (negative) prefill work a leg still has booked: none for a remote prefill leg whose
+-- prefill finished (flag '2': its leg answered, the first byte has not arrived yet).
+local function queued_work(l, leg_done)
+  if l[6] and leg_done then return 0 end
+  return -l[2]
 end
 
 local function drop(S, id)
   redis.call('ZREM', S.leases, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed then return 0 end
-  local done, legs = legs_of(packed)
+  local done, legs, leg_done = legs_of(packed)
   for _, l in ipairs(legs) do
     if not done then
-      add_load(S, l[1], -1, -l[2], -l[3], -l[4], -l[5])
+      add_load(S, l[1], -1, queued_work(l, leg_done), -l[3], -l[4], -l[5])
     elseif not l[6] then
       add_load(S, l[1], -1, 0, -l[3], 0, 0)
     end
@@ -90,14 +98,27 @@ local function drop(S, id)
   return 1
 end
 
+-- The remote prefill leg answered: its prefill work stops queueing on the prefill instance;
+-- the transfer and the rest stay booked until the first byte. Booking flag '0' -> '2'.
+local function prefill_leg_done(S, id)
+  local packed = redis.call('HGET', S.bk, id)
+  if not packed or string.sub(packed, 1, 1) ~= '0' then return 0 end
+  redis.call('HSET', S.bk, id, '2' .. string.sub(packed, 2))
+  local _, legs = legs_of(packed)
+  for _, l in ipairs(legs) do
+    if l[6] then add_load(S, l[1], 0, -l[2], 0, 0, 0) end
+  end
+  return 1
+end
+
 local function prefill_done(S, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed or string.sub(packed, 1, 1) == '1' then return 0 end
   redis.call('HSET', S.bk, id, '1' .. string.sub(packed, 2))
-  local _, legs = legs_of(packed)
+  local _, legs, leg_done = legs_of(packed)
   for _, l in ipairs(legs) do
     if l[6] then  -- a remote prefill leg: wholly released at the first byte
-      add_load(S, l[1], -1, -l[2], -l[3], -l[4], -l[5])
+      add_load(S, l[1], -1, queued_work(l, leg_done), -l[3], -l[4], -l[5])
     else
       add_load(S, l[1], 0, -l[2], 0, -l[4], -l[5])
     end
@@ -281,12 +302,14 @@ local function op_book(k0, nk, a0)
 end
 
 -- 'W' (instance shard): writes that need no answer. KEYS loads, lz, bk, leases; ARGV
--- request_tokens, then (op, booking id) pairs: 'P' prefill done (first byte), 'R' release.
+-- request_tokens, then (op, booking id) pairs: 'L' remote prefill leg done, 'P' prefill done
+-- (first byte), 'R' release.
 local function op_writes(k0, nk, a0, na)
   local S = shard(k0, ARGV[a0])
   local applied = 0
   for i = a0 + 1, a0 + na - 1, 2 do
     if ARGV[i] == 'P' then applied = applied + prefill_done(S, ARGV[i + 1])
+    elseif ARGV[i] == 'L' then applied = applied + prefill_leg_done(S, ARGV[i + 1])
     elseif ARGV[i] == 'R' then applied = applied + drop(S, ARGV[i + 1]) end
   end
   return applied

@@ -50,6 +50,7 @@ class ClusterSpec:
     store_tokens: int | None = None  # a KV store every engine shares, of this many tokens; None = no store
     store_gbps: float = 100.0  # the store's read bandwidth, shared by concurrent loads
     store_aware: bool = True  # the router is told of the store (kv_store.enabled) and prices loads from it
+    prefill_chunk_tokens: int = 0  # the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens)
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -103,7 +104,8 @@ class ClusterSpec:
             return {}
         t = profile_timing(self.perf(), self.slowdown)
         return {"prefill_tokens_per_s": t["prefill_tokens_per_s"], "attention_s_per_token2": t["attention_s_per_token2"],
-                "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"]}
+                "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"],
+                "prefill_chunk_tokens": self.prefill_chunk_tokens}
 
     def pd_config(self) -> PDConfig:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
@@ -115,7 +117,8 @@ class ClusterSpec:
             links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=min(link, self.uplink()),
                              setup_s=self.transfer_latency_s),
             handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.perf().max_batched_tokens,
-                                  link_aware=self.link_aware, nic_gbps=link),
+                                  link_aware=self.link_aware, nic_gbps=link,
+                                  transfer_interference=self.transfer_interference),
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
             decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],

@@ -2,7 +2,8 @@
 
 Each arrival is routed exactly as live: ``routing.decide`` asks the policy built by
 ``build_policy`` and books the choice in a ``MemoryStore`` whose clock is the virtual
-clock; ``prefill_done`` runs at the client's first token and ``release`` at the end, so
+clock; ``prefill_leg_done`` runs when a remote prefill finishes, ``prefill_done`` at the
+client's first token and ``release`` at the end, so
 booked load rises and falls as it does in the router. The engines are the emulator's own
 ``Engine`` objects stepping in virtual time, each independently: an engine with work
 runs one step at a time and its next step starts when the previous one ends.
@@ -280,6 +281,7 @@ class Simulation:
         assert flight.prefill is not None
         self.record.prefilled(flight.index, prefilled.num_cached, prefilled.num_loaded)
         flight.prefilled_at = self.now
+        run_sync(self.store.prefill_leg_done(flight.routed.booking))  # as live, when the prefill leg answers
         self._streaming[flight.prefill.index].remove(flight)
         self._stream(flight, prefilled, seal=True)
         flight.source = None
