@@ -30,7 +30,7 @@ from router.core.instances import InstancePool
 from router.kvevents.apply import ApplyCounters, TableWriter
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar_wire import (
-    ADD, CONFIG, DELTA, ERROR, STATS, ChannelError, FrameReader, decode_delta, json_frame,
+    ADD, CONFIG, DELTA, ERROR, OPENED, STATS, ChannelError, FrameReader, decode_delta, json_frame,
 )
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
@@ -58,8 +58,9 @@ class _View:
 
 
 class SidecarIngest(KVEventIngest):
-    """``KVEventIngest`` whose sources run in a sidecar process; ``sources`` are views whose
-    counters and sequence state are copied from the sidecar's several times a second."""
+    """``KVEventIngest`` whose sources run in a sidecar process; ``sources`` are views (of
+    the sources whose sockets the sidecar opened) whose counters and sequence state are
+    copied from the sidecar's several times a second."""
 
     def __init__(self, config: RouterConfig, pool: InstancePool, residency: EventResidency) -> None:
         super().__init__(config, pool, residency)
@@ -167,8 +168,7 @@ class SidecarIngest(KVEventIngest):
                                         self._config.hashing.block_tokens, self._config.hashing.seed))
         sid, self._next_sid = self._next_sid, self._next_sid + 1
         self._views[sid] = _View(view)
-        self.sources.append(view)
-        self._send_add(sid, spec)
+        self._send_add(sid, spec)  # in ``sources`` once the sidecar says its socket is open
         log.info("kv events of %s: %s, in the sidecar", spec.name, f"SUB connected to {spec.endpoint}"
                  if spec.endpoint else f"topic {spec.topic!r} on the bound {spec.bind}")
         return view
@@ -208,11 +208,16 @@ class SidecarIngest(KVEventIngest):
             table.apply(delta)
         elif kind == STATS:
             self._on_stats(_json(body))
+        elif kind == OPENED:
+            opened = self._views.get(int(_json(body)["sid"]))
+            if opened is not None and opened.source not in self.sources:
+                self.sources.append(opened.source)
         elif kind == ERROR:
             obj = _json(body)
             view = self._views.pop(int(obj["sid"]), None)
             if view is not None:
-                self.sources.remove(view.source)
+                if view.source in self.sources:
+                    self.sources.remove(view.source)
                 log.error("kv events of %s cannot be subscribed: %s; its residency stays approximate",
                           view.source.spec.name, obj["error"])
 

@@ -30,7 +30,7 @@ import zmq
 from router.config.model import RouterConfig, load_config
 from router.core.instances import InstancePool
 from router.kvevents.ingest import KVEventIngest
-from router.kvevents.sidecar_wire import ADD, CONFIG, ERROR, STATS, encode_delta, json_frame
+from router.kvevents.sidecar_wire import ADD, CONFIG, ERROR, OPENED, STATS, encode_delta, json_frame
 from router.kvevents.source import Source, SourceSpec
 from router.state.precise import EventResidency
 from router.state.precise_mirror import TrackedTable
@@ -61,8 +61,9 @@ class Sidecar:
         try:
             self.sources[sid] = self.ingest.add_source(spec)
         except (zmq.ZMQError, ValueError) as exc:
-            log.error("kv events of %s cannot be subscribed: %s", spec.name, exc)
             self._out.sendall(json_frame(ERROR, {"sid": sid, "error": str(exc)}))
+        else:
+            self._out.sendall(json_frame(OPENED, {"sid": sid}))
 
     def flush(self) -> None:
         """Every table's changes since the last flush, one frame each."""

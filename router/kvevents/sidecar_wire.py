@@ -3,9 +3,10 @@
 Frames are ``[4-byte little-endian body length][1-byte kind][body]``. The sidecar sends
 table deltas (``DELTA``, binary: a fixed header, the table's instance name, then four
 packed uint64 key arrays, so the loop decodes them with ``array.frombytes`` and applies
-them with set operations) and, a few times a second, its counters (``STATS``, JSON); an
-``ERROR`` (JSON) says a source could not be opened. The router sends JSON commands
-(``CONFIG`` first, then ``ADD`` per source) on the sidecar's stdin with the same framing.
+them with set operations), a few times a second its counters (``STATS``, JSON), and per
+source ``OPENED`` or ``ERROR`` (JSON): whether its socket could be opened. The router
+sends JSON commands (``CONFIG`` first, then ``ADD`` per source) on the sidecar's stdin
+with the same framing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from router.state.precise_mirror import TableDelta
 
-DELTA, STATS, ERROR, CONFIG, ADD = b"D", b"S", b"E", b"C", b"A"
+DELTA, STATS, OPENED, ERROR, CONFIG, ADD = b"D", b"S", b"O", b"E", b"C", b"A"
 
 _FRAME = struct.Struct("<Ic")
 _DELTA = struct.Struct("<HIBBQQIIII")  # name length, rank, fresh, reset, size, overflow, 4 array lengths

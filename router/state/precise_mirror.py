@@ -37,19 +37,21 @@ class TableDelta:
 
 
 class TrackedTable(BlockTable):
-    """A ``BlockTable`` that remembers the router keys it touched, for ``take_delta``.
+    """A ``BlockTable`` that records, per tier, the router keys whose presence changed
+    (a refcount going 0 -> 1 or 1 -> 0) since the last ``take_delta``, netted: a key
+    added then removed before the next delta is in neither set.
 
     Every batch a ``Source`` applies ends by setting ``fresh``, which marks the table
     touched, so each applied batch reaches the mirror (its freshness included) even when
     it changed no key."""
 
-    __slots__ = ("_fresh", "_touched", "_reset", "_dirty_gpu", "_dirty_offload")
+    __slots__ = ("_fresh", "_touched", "_reset", "_added", "_removed")
 
     def __init__(self, capacity: int) -> None:
         self._touched = False
         self._reset = False
-        self._dirty_gpu: set[int] = set()
-        self._dirty_offload: set[int] = set()
+        self._added: tuple[set[int], set[int]] = (set(), set())  # by tier: GPU, offload
+        self._removed: tuple[set[int], set[int]] = (set(), set())
         super().__init__(capacity)
 
     @property
@@ -61,49 +63,102 @@ class TrackedTable(BlockTable):
         self._fresh = value
         self._touched = True
 
-    def _dirty(self, tier: int) -> set[int]:
-        return self._dirty_gpu if tier == _GPU else self._dirty_offload
-
-    def _mark_held(self, hashes: Sequence[int], dirty: set[int]) -> None:
-        get = self._blocks.get
-        for h in hashes:
-            entry = get(h)
-            if entry is not None:
-                dirty.update(entry[0])
+    def _sets(self, tier: int) -> tuple[dict[int, int], set[int], set[int]]:
+        i = 0 if tier == _GPU else 1
+        return (self._gpu if i == 0 else self._offload), self._added[i], self._removed[i]
 
     def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
-        dirty = self._dirty(tier)
-        self._mark_held(hashes, dirty)  # a block stored again under another tier counts its own keys
-        for ks in keys:
-            dirty.update(ks)
-        super().store_run(hashes, keys, tier)
+        """``BlockTable.store_run``, noting keys that became held."""
+        self._touched = True
+        blocks = self._blocks
+        counts, added, removed = self._sets(tier)
+        get = blocks.get
+        for h, ks in zip(hashes, keys):
+            entry = get(h)
+            if entry is None:
+                blocks[h] = (ks, tier)
+            elif not entry[1] & tier:
+                blocks[h] = (entry[0], entry[1] | tier)
+                blocks.move_to_end(h)
+                ks = entry[0]
+            else:
+                blocks.move_to_end(h)
+                continue
+            for key in ks:
+                n = counts.get(key, 0) + 1
+                counts[key] = n
+                if n == 1:
+                    if key in removed:
+                        removed.discard(key)
+                    else:
+                        added.add(key)
+        while len(blocks) > self.capacity:
+            _old, (old_keys, old_tiers) = blocks.popitem(last=False)
+            self._uncount(old_keys, old_tiers)
+            self.overflow += 1
 
     def remove_run(self, hashes: Sequence[int], tier: int) -> int:
-        self._mark_held(hashes, self._dirty(tier))
-        return super().remove_run(hashes, tier)
+        """``BlockTable.remove_run``, noting keys that stopped being held."""
+        self._touched = True
+        blocks = self._blocks
+        counts, added, removed = self._sets(tier)
+        get = blocks.get
+        found = 0
+        for h in hashes:
+            entry = get(h)
+            if entry is None or not entry[1] & tier:
+                continue
+            found += 1
+            keys, tiers = entry
+            for key in keys:
+                n = counts[key] - 1
+                if n:
+                    counts[key] = n
+                else:
+                    del counts[key]
+                    if key in added:
+                        added.discard(key)
+                    else:
+                        removed.add(key)
+            if tiers == tier:
+                del blocks[h]
+            else:
+                blocks[h] = (keys, tiers & ~tier)
+        return found
 
     def _count(self, keys: tuple[int, ...], tier: int, delta: int) -> None:
-        self._dirty(tier).update(keys)
+        self._touched = True
+        counts, added, removed = self._sets(tier)
+        was = {key for key in keys if key in counts}
         super()._count(keys, tier, delta)
+        for key in keys:
+            held = key in counts
+            if held and key not in was:
+                if key in removed:
+                    removed.discard(key)
+                else:
+                    added.add(key)
+            elif not held and key in was:
+                if key in added:
+                    added.discard(key)
+                else:
+                    removed.add(key)
 
     def clear(self) -> None:
         super().clear()
         self._reset = self._touched = True
-        self._dirty_gpu.clear()
-        self._dirty_offload.clear()
+        for group in (*self._added, *self._removed):
+            group.clear()
 
     def take_delta(self) -> TableDelta | None:
         """The changes since the last call, or None when there were none."""
-        if not (self._touched or self._dirty_gpu or self._dirty_offload):
+        (add_gpu, add_off), (rem_gpu, rem_off) = self._added, self._removed
+        if not (self._touched or add_gpu or add_off or rem_gpu or rem_off):
             return None
-        delta = TableDelta(self._fresh, len(self), self.overflow, self._reset)
-        for dirty, counts, added, removed in ((self._dirty_gpu, self._gpu, delta.added_gpu, delta.removed_gpu),
-                                              (self._dirty_offload, self._offload, delta.added_offload,
-                                               delta.removed_offload)):
-            if dirty:
-                added.extend([k for k in dirty if k in counts])
-                removed.extend([k for k in dirty if k not in counts])
-                dirty.clear()
+        delta = TableDelta(self._fresh, len(self), self.overflow, self._reset,
+                           array("Q", add_gpu), array("Q", rem_gpu), array("Q", add_off), array("Q", rem_off))
+        for group in (add_gpu, add_off, rem_gpu, rem_off):
+            group.clear()
         self._touched = self._reset = False
         return delta
 
