@@ -64,17 +64,17 @@ def in_process_cost() -> float:
     """CPU microseconds per event of decoding and applying the flood's messages in this
     process (no sockets): the ingestion ceiling of one free core is 1e6 / this."""
     from router.kvevents.apply import TableWriter
-    from router.kvevents.wire import decode_batch_raw
+    from router.kvevents.wire import decode_batch
     from router.state.precise import BlockTable
 
     payloads = flood_payloads()
     writer = TableWriter(BlockTable(1_000_000), "m", 16)
     for payload in payloads:  # warm: the table reaches its steady size
-        writer.apply_raw(decode_batch_raw(payload)[1])
+        writer.apply_raw(decode_batch(payload)[1])
     t0 = time.process_time()
     for _ in range(3):
         for payload in payloads:
-            writer.apply_raw(decode_batch_raw(payload)[1])
+            writer.apply_raw(decode_batch(payload)[1])
     return (time.process_time() - t0) / (3 * len(payloads) * PER_MESSAGE) * 1e6
 
 

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
 
-from router.kvevents.wire import AllBlocksCleared, BlockRemoved, BlockStored, Event, decode_event
+from router.kvevents.wire import (
+    AllBlocksCleared, BlockRemoved, BlockStored, ClearedEvent, Event, RemovedEvent, StoredEvent, WireError,
+    decode_event,
+)
 from router.request.hashing import root_seed
 from router.state.precise import BlockTable, tier_of
 
@@ -28,6 +31,8 @@ log = logging.getLogger(__name__)
 
 _TOKEN_DOMAIN = b"i"
 _MASK64 = (1 << 64) - 1
+_GPU = tier_of(None)
+_MAX_PACKERS = 64
 
 
 @dataclass
@@ -51,6 +56,7 @@ class TableWriter:
     seed: int = 0
     counters: ApplyCounters = field(default_factory=ApplyCounters)
     _roots: dict[str, int] = field(default_factory=dict)
+    _packers: dict[int, Callable[..., bytes]] = field(default_factory=dict)  # struct.pack by token count
 
     def root(self, lora_name: str | None) -> int:
         """The chain's seed: the served model's, or the LoRA adapter's (requests name it as the model)."""
@@ -74,11 +80,35 @@ class TableWriter:
                 c.cleared += 1
 
     def apply_raw(self, raw_events: list[Any]) -> None:
-        """Events as msgpack decoded them: the vLLM 0.32 maps with int hashes are applied
-        straight from the maps (the hot path: no intermediate objects); anything else goes
-        through ``decode_event``, which validates and raises WireError on garbage."""
+        """Events as ``wire.decode_batch`` decoded them: typed structs (the hot path, whose
+        types msgspec checked), or maps and arrays as msgpack decoded them, where the
+        vLLM 0.32 maps with int hashes are applied straight from the maps; anything else
+        goes through ``decode_event``, which validates and raises WireError on garbage."""
         c = self.counters
         for raw in raw_events:
+            if isinstance(raw, StoredEvent):
+                if raw.block_size < 1:
+                    raise WireError("block_size must be a positive int")
+                ids = raw.block_hashes
+                if ids and min(ids) < 0:  # int64 as the publisher's decoder saw uint64
+                    ids = [h & _MASK64 for h in ids]
+                up = raw.parent_block_hash
+                c.events += 1
+                self._stored(ids, None if up is None else up & _MASK64, raw.token_ids, raw.block_size,
+                             raw.medium, raw.lora_name)
+                continue
+            if isinstance(raw, RemovedEvent):
+                gone = raw.block_hashes
+                if gone and min(gone) < 0:
+                    gone = [h & _MASK64 for h in gone]
+                c.events += 1
+                self._removed(gone, raw.medium)
+                continue
+            if isinstance(raw, ClearedEvent):
+                c.events += 1
+                self.table.clear()
+                c.cleared += 1
+                continue
             if type(raw) is dict:
                 get = raw.get
                 kind = get("type")
@@ -120,11 +150,17 @@ class TableWriter:
                             "(set hashing.tokens.block_size to the engine's block size)", self.model, bs, rb)
             c.refused += 1
             return
-        tier = tier_of(medium)
+        tier = _GPU if medium is None or medium == "GPU" else tier_of(medium)
         n = min(len(hashes), len(tokens) // bs)
         prev: int | None = self.root(lora_name) if parent is None else table.last_key(parent)
+        count = n * bs
+        pack = self._packers.get(count)
+        if pack is None:
+            if len(self._packers) >= _MAX_PACKERS:
+                self._packers.clear()
+            pack = self._packers[count] = struct.Struct(f"<{count}I").pack
         try:
-            packed = struct.pack(f"<{n * bs}I", *tokens[: n * bs])
+            packed = pack(*tokens) if len(tokens) == count else pack(*tokens[:count])
         except struct.error:
             c.refused += 1
             return
@@ -142,8 +178,8 @@ class TableWriter:
                     break
                 keys.append(ks)
         elif per == 1:  # the usual case: one router key per engine block
-            for j in range(n):
-                prev = digest(domain + packed[j * stride:(j + 1) * stride], seed=prev)
+            for start in range(0, n * stride, stride):
+                prev = digest(domain + packed[start:start + stride], seed=prev)
                 keys.append((prev,))
         else:
             for j in range(n):
@@ -154,5 +190,5 @@ class TableWriter:
                     prev = digest(domain + packed[start:start + stride], seed=prev)
                     group.append(prev)
                 keys.append(tuple(group))
-        table.store_run(hashes[:n], keys, tier)
+        table.store_run(hashes if n == len(hashes) else hashes[:n], keys, tier)
         c.stored_blocks += n

@@ -108,7 +108,10 @@ async def run(out_fd: int) -> None:
         raise SystemExit("the first command must be the config")
     logging.basicConfig(level=first.get("log_level", logging.INFO), stream=sys.stderr,
                         format="pd-router kv-sidecar %(levelname)s %(name)s: %(message)s")
-    sidecar = Sidecar(child_config(first["config"]), out)
+    config = child_config(first["config"])
+    if config.kv_events.sidecar_nice:
+        os.nice(config.kv_events.sidecar_nice)
+    sidecar = Sidecar(config, out)
 
     def flush() -> None:
         try:
