@@ -98,6 +98,22 @@ def _children_cpu_s(pid: int) -> float:
     return total
 
 
+def _drain(url: str, timeout_s: float = 120.0) -> float:
+    """Wait until the router has applied what its sockets still hold (a flood it could not
+    keep up with leaves a backlog up to the high-water mark), so the next cell starts
+    clean; returns how long that took."""
+    from loadtests.kv_events_bench import _events_applied
+
+    t0 = time.perf_counter()
+    last, still = _events_applied(url), 0
+    while still < 2 and time.perf_counter() - t0 < timeout_s:
+        time.sleep(0.3)
+        now = _events_applied(url)
+        still = still + 1 if now == last else 0
+        last = now
+    return time.perf_counter() - t0 - 0.6
+
+
 def measure(modes: list[str], rates: list[int], request_rate: float, duration: float, rounds: int) -> str:
     """One router per mode, each cell (events/s) run ``rounds`` times interleaved."""
     import statistics
@@ -146,10 +162,13 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
                         finally:
                             if flood is not None:
                                 flood.wait(timeout=30)
+                        if flood is not None:
+                            cells[rate][-1]["backlog_s"] = _drain(router.url)
                         print(f"  {mode} {rate}/s round {_round}: {cells[rate][-1]}", file=sys.stderr)
                 gaps = _router_metric(router.url, 'pd_router_kv_event_stream_total{engine="z0",kind="gaps"}')
             base = statistics.median(c["p50"] for c in cells[rates[0]])
             base99 = statistics.median(c["p99"] for c in cells[rates[0]])
+            base_cpu = statistics.median(c["cpu"] for c in cells[rates[0]])
             for rate in rates:
                 cs = cells[rate]
 
@@ -160,7 +179,9 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
                 rows.append([mode, f"{rate:,}/s" if rate else "none", f"{med('sent'):,.0f}" if rate else "—",
                              f"{med('applied'):,.0f}" if rate else "—", p50s, f"{med('p99'):.2f}",
                              f"{med('p50') - base:+.2f}" if rate else "—", f"{med('p99') - base99:+.2f}" if rate else "—",
-                             f"{med('cpu'):.0%}", f"{med('side'):.0%}" if mode == "sidecar" else "—",
+                             f"{med('cpu'):.0%}", f"{med('cpu') - base_cpu:+.0%}" if rate else "—",
+                             f"{med('side'):.0%}" if mode == "sidecar" else "—",
+                             f"{med('backlog_s'):.1f}" if rate else "—",
                              f"{sum(c['errors'] for c in cs):.0f}", f"{gaps:.0f}" if rate == rates[-1] else ""])
     head = (f"One `pd-router serve` process (uvloop) routing {request_rate:g} non-streaming completions/s (open loop, "
             "8 keep-alive connections; token mode through the backend's /tokenize) to a zero-work backend while a "
@@ -171,13 +192,16 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
             f"{rounds} times, interleaved with the others of its router ({duration:g} s each); p50 lists every round, "
             "the other columns are medians; added = against the same router's rounds without events. Publisher, "
             "router, sidecar, backend and load generator share the machine's 2 cores. Router CPU = the serving "
-            "process (its event loop), sidecar CPU = its child, each as a share of one core.\n\n")
+            "process (its event loop), sidecar CPU = its child, each as a share of one core. Events the router "
+            "could not apply during a cell stay queued in its sockets (up to `kv_events.hwm` messages); the next cell "
+            "starts once they are applied (backlog column). Sequence gaps: the router's count after its last cell.\n\n")
     cost = in_process_cost()
     tail = (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
             f"event (`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own.")
     return head + table(["ingestion", "event flood", "events/s sent", "events/s applied", "routing p50 ms (rounds)",
-                         "routing p99 ms", "added p50 ms", "added p99 ms", "router CPU", "sidecar CPU",
-                         "request errors", "sequence gaps"], rows) + tail
+                         "routing p99 ms", "added p50 ms", "added p99 ms", "router CPU", "added router CPU",
+                         "sidecar CPU",
+                         "backlog drained after s", "request errors", "sequence gaps"], rows) + tail
 
 
 def main(argv: list[str] | None = None) -> int:
