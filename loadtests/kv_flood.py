@@ -180,6 +180,7 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
                              f"{med('applied'):,.0f}" if rate else "—", p50s, f"{med('p99'):.2f}",
                              f"{med('p50') - base:+.2f}" if rate else "—", f"{med('p99') - base99:+.2f}" if rate else "—",
                              f"{med('cpu'):.0%}", f"{med('cpu') - base_cpu:+.0%}" if rate else "—",
+                             f"{(med('cpu') - base_cpu) / med('applied') * 1e6:.2f}" if rate and med('applied') else "—",
                              f"{med('side'):.0%}" if mode == "sidecar" else "—",
                              f"{med('backlog_s'):.1f}" if rate else "—",
                              f"{sum(c['errors'] for c in cs):.0f}", f"{gaps:.0f}" if rate == rates[-1] else ""])
@@ -200,6 +201,7 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
             f"event (`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own.")
     return head + table(["ingestion", "event flood", "events/s sent", "events/s applied", "routing p50 ms (rounds)",
                          "routing p99 ms", "added p50 ms", "added p99 ms", "router CPU", "added router CPU",
+                         "added router CPU µs per applied event",
                          "sidecar CPU",
                          "backlog drained after s", "request errors", "sequence gaps"], rows) + tail
 

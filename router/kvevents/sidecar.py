@@ -85,6 +85,9 @@ class SidecarIngest(KVEventIngest):
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "router.kvevents.sidecar_main", str(theirs.fileno()),
                 stdin=asyncio.subprocess.PIPE, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         ours.setblocking(False)
@@ -109,11 +112,10 @@ class SidecarIngest(KVEventIngest):
     async def _watch(self) -> None:
         """Restart the sidecar whenever it ends while the router runs."""
         delay = _RESTART_S
-        while True:
+        while not self._closing:
             proc = self._proc
-            assert proc is not None
             started = time.monotonic()
-            code = await proc.wait()
+            code = await proc.wait() if proc is not None else None
             self._lost()
             if time.monotonic() - started > _STABLE_S:
                 delay = _RESTART_S
@@ -122,7 +124,11 @@ class SidecarIngest(KVEventIngest):
             await asyncio.sleep(delay)
             delay = min(_MAX_RESTART_S, delay * 2)
             self.restarts += 1
-            await self._spawn()
+            try:
+                await self._spawn()
+            except OSError as exc:  # e.g. out of processes: try again later
+                log.error("kv events: the sidecar could not be started: %s", exc)
+                self._proc = None
 
     def _lost(self) -> None:
         """The sidecar is gone: what it knew is gone with it."""
