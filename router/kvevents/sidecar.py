@@ -5,8 +5,8 @@ microseconds per event; at 100k events/s that is half a core, taken on the event
 in slices that every request then waits behind. Here the sockets, the sequence checks
 and replays, decoding and the engine-block tables run in ``router.kvevents.sidecar_main``
 and the loop only applies what changed: per table, the router keys that became held or
-not held since the last shipment (``router.state.precise_mirror``), a few times every
-10 ms at most. Stale, gap and restart handling is the same code as in-process, run there.
+not held since the last shipment (``router.state.precise_mirror``), every 10 ms while
+events flow. Stale, gap and restart handling is the same code as in-process, run there.
 
 The router starts the sidecar with itself, resends it the sources (discovery stays
 here), and restarts it with a growing delay if it dies: meanwhile, and until each new
