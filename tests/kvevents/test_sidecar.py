@@ -137,3 +137,60 @@ async def test_a_source_whose_socket_cannot_open_is_dropped():
         await asyncio.sleep(1.0)
         assert view not in f.ingest.sources and len(f.ingest.sources) == 1
         busy.close(linger=0)
+
+
+OWNER = """
+import asyncio, sys
+import httpx
+from router.config.model import load_config
+from router.core.instances import InstancePool
+from router.kvevents import precise_store
+from router.state.memory import MemoryStore
+
+async def main():
+    config = load_config(overrides={
+        "instances": [{"url": "http://127.0.0.1:9000", "name": "a", "model": "m"}], "hashing": {"mode": "tokens"},
+        "kv_events": {"enabled": True, "discover": False, "sidecar": True,
+                      "sources": {"a": {"endpoint": "tcp://127.0.0.1:%d", "topic": "kv"}}}})
+    _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
+    async with httpx.AsyncClient() as client:
+        await ingest.start(client)
+        await ingest.wait_subscribed()
+        print(ingest.pid, flush=True)
+        await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_sidecar_ends_when_its_router_is_killed():
+    import subprocess
+    import sys
+
+    owner = subprocess.Popen([sys.executable, "-c", OWNER % free_port()], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(owner.stdout.readline), 30)
+        pid = int(line)
+        os.kill(pid, 0)  # running
+        owner.kill()
+        owner.wait(10)
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            # an exited child of a dead parent is reaped by init; until then it may be a zombie
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        return
+            except FileNotFoundError:
+                return
+            assert asyncio.get_running_loop().time() < deadline, "the sidecar outlived its router"
+            await asyncio.sleep(0.05)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait(10)
