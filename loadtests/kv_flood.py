@@ -195,7 +195,8 @@ def measure(modes: list[str], rates: list[int], request_rate: float, duration: f
             "router, sidecar, backend and load generator share the machine's 2 cores. Router CPU = the serving "
             "process (its event loop), sidecar CPU = its child, each as a share of one core. Events the router "
             "could not apply during a cell stay queued in its sockets (up to `kv_events.hwm` messages); the next cell "
-            "starts once they are applied (backlog column). Sequence gaps: the router's count after its last cell.\n\n")
+            "starts once they are applied (backlog column). Events applied come from the router's /metrics (a "
+            "sidecar's counters reach it every 0.25 s). Sequence gaps: the router's count after its last cell.\n\n")
     cost = in_process_cost()
     tail = (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
             f"event (`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own.")
@@ -217,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=["in-process", "sidecar"], choices=["in-process", "sidecar"])
     p.add_argument("--events-per-s", type=int, nargs="+", default=[0, 50_000, 100_000])
     p.add_argument("--request-rate", type=float, default=200.0)
-    p.add_argument("--duration", type=float, default=6.0)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per cell")
+    p.add_argument("--rounds", type=int, default=3, help="times each cell runs, interleaved")
     p.add_argument("--write", action="store_true")
     args = p.parse_args(argv)
     load = os.getloadavg()
