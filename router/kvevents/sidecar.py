@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import socket
 import sys
@@ -240,8 +241,6 @@ class SidecarIngest(KVEventIngest):
 
 
 def _json(body: bytes) -> dict[str, Any]:
-    import json
-
     obj = json.loads(body)
     if not isinstance(obj, dict):
         raise ChannelError("a JSON frame must hold an object")

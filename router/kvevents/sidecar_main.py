@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -88,10 +89,8 @@ class Sidecar:
         self._out.sendall(json_frame(STATS, {"sources": stats, "receive_errors": self.ingest.receive_errors}))
 
 
-async def _commands(stdin: asyncio.StreamReader) -> Any:
+async def _commands(stdin: asyncio.StreamReader) -> AsyncIterator[tuple[bytes, Any]]:
     """Yield (kind, JSON object) commands until the router closes stdin."""
-    import json
-
     while True:
         try:
             head = await stdin.readexactly(_HEADER)
