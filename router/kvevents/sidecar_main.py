@@ -42,7 +42,7 @@ log = logging.getLogger("router.kvevents.sidecar")
 # Each flush wakes the router's loop once per busy table: 10 ms keeps that at 100 wake-ups
 # a second, while the router's own speculation covers what was just routed meanwhile.
 FLUSH_S = 0.01
-IDLE_FLUSH_S = 0.05
+IDLE_FLUSH_S = 0.02
 STATS_S = 0.25
 _HEADER = 5
 

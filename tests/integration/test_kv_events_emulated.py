@@ -29,6 +29,20 @@ def wait_for(predicate, timeout=10.0):
         time.sleep(0.02)
 
 
+def settled(read, quiet_s=0.3, timeout=10.0):
+    """``read()`` once it has not changed for ``quiet_s`` (events still in flight, or in a
+    sidecar's next delta, would change it)."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "never settled"
+        time.sleep(0.02)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def keys_of(engine_url, prompt):
     ids = httpx.post(f"{engine_url}/tokenize", json={"model": "m", "prompt": prompt}).json()["tokens"]
     return token_block_keys(ids, 16, root_seed("m"), 4096), len(ids)
@@ -99,7 +113,7 @@ def test_a_block_evicted_on_the_engine_stops_being_counted(sidecar):
         evictions = httpx.get(f"{e.url}/emulator/stats").json()["kv"]["evictions"]
         assert evictions > 0
         wait_for(lambda: residency.matched(keys, ["e"])["e"] < n // 16)
-        predicted = residency.matched(keys, ["e"])["e"]
+        predicted = settled(lambda: residency.matched(keys, ["e"])["e"])  # the evictions' events all applied
         # the engine's own hit on that prompt now is what the router says it still holds
         assert httpx.post(f"{url}/v1/completions", json=completion(first), timeout=30).status_code == 200
         assert recent(e.url)[-1]["cached_tokens"] == min(predicted, (n - 1) // 16) * 16
