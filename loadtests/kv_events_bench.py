@@ -15,10 +15,8 @@ docs/benchmarks.md under "Precise residency from KV events":
   engines' /tokenize, events found through GET /kv_event_sources). Predicted = the
   router's pd_router_estimated_cached_prefix_ratio mean; measured = the engines' per
   request cached / prompt tokens mean, so both are per-request means.
-* ingest: one router process in front of a zero-work backend, routing closed-loop
-  requests while a publisher process floods it with KV events (BlockStored of 4 blocks and
-  BlockRemoved of 4, 32 events per message) at a target rate and unpaced; events/s the
-  router applied (its own counters) and the routing latency next to the run without events.
+* ingest: moved to ``loadtests/kv_flood.py`` (docs/benchmarks.md, "KV-event ingest while
+  routing"), which measures in-process and sidecar ingestion side by side.
 * tokenize: how long encoding one prompt with a local tokenizer.json takes (token mode,
   ``source: file``), which sets where prompts move to a worker thread.
 
@@ -44,10 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import LoadResult, encode_post, new_event_loop, run_load
 from loadtests.machine import busy_processes, contention_note, wait_until_quiet
-from loadtests.overhead import zero_backend
-from loadtests.kv_flood import in_process_cost
 from loadtests.report import table, write_section
-from router.tools.process import free_port
 from router.tools.localrun import emulated_cluster, engine_stats, pd_cluster_spec, reset_engines, router_config, router_process
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.run import replay
@@ -62,8 +57,8 @@ DEFAULT_CACHE = 500_000  # what the router assumes per instance when its config 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", default=["replay", "live", "ingest", "tokenize"],
-                   choices=["replay", "live", "ingest", "tokenize"])
+    p.add_argument("--parts", nargs="+", default=["replay", "live", "tokenize"],
+                   choices=["replay", "live", "tokenize"])
     p.add_argument("--trace", default="synthetic:shared_prefix")
     p.add_argument("--rate-scale", type=float, default=0.5)
     p.add_argument("--replay-cache-tokens", type=int, default=30_000, help="per engine: ~5 of 32 tenants' system prompts")
@@ -73,10 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-tokens", type=int, default=8_000,
                    help="live engines: two running requests and about three of the twelve tenants' prefixes")
     p.add_argument("--groups", type=int, default=12)
-    p.add_argument("--events-per-s", type=int, nargs="+", default=[50_000, 100_000], help="rates of the paced floods")
-    p.add_argument("--duration", type=float, default=6.0, help="seconds per ingest measurement")
-    p.add_argument("--ingest-rates", type=float, nargs="+", default=[200, 0],
-                   help="routed requests/s during the ingest runs (0 = closed loop, as fast as the router answers)")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="first wait up to this long for other heavy processes to finish")
     p.add_argument("--write", action="store_true")
@@ -231,63 +222,6 @@ def _flood(port: int, rate: int, seconds: float) -> subprocess.Popen[str]:
     return proc
 
 
-def part_ingest(args: argparse.Namespace) -> str:
-    from loadtests.overhead import request_bodies
-
-    bodies = request_bodies()
-    port = free_port()
-    rows = []
-    with zero_backend(2) as (backends, _pid):
-        config = {"instances": [{"url": u, "name": f"z{i}", "model": "zero-model"} for i, u in enumerate(backends)],
-                  "hashing": {"mode": "tokens"},
-                  "kv_events": {"enabled": True, "discover": False,
-                                "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}}
-        with router_process(config) as router:
-            for c in args.ingest_rates:
-                base: LoadResult | None = None
-                for rate in (None, *args.events_per_s, 0):
-                    flood = _flood(port, rate, args.duration + 1.5) if rate is not None else None
-                    try:
-                        if flood is not None:
-                            time.sleep(0.5)  # the SUB connects
-                            assert flood.stdin is not None
-                            flood.stdin.write("go\n")
-                            flood.stdin.flush()
-                        before, t0, cpu0 = _events_applied(router.url), time.perf_counter(), _cpu_s(router.process.pid)
-                        res = _load(router.url, bodies, c, args.duration)
-                        wall = time.perf_counter() - t0
-                        cpu = (_cpu_s(router.process.pid) - cpu0) / wall
-                        applied = (_events_applied(router.url) - before) / wall
-                        sent = int(flood.stdout.readline().split()[1]) if flood is not None and flood.stdout else 0
-                    finally:
-                        if flood is not None:
-                            flood.wait(timeout=30)
-                    if base is None:
-                        base = res
-                    added50 = (res.percentile(0.5) - base.percentile(0.5)) * 1e3
-                    added99 = (res.percentile(0.99) - base.percentile(0.99)) * 1e3
-                    label = "none" if rate is None else f"{rate:,}/s" if rate else "unpaced"
-                    rows.append([f"{c:g}/s" if c else "closed loop, 8 clients", label, f"{sent / (args.duration + 1.5):,.0f}" if flood else "—",
-                                 f"{applied:,.0f}" if flood else "—", f"{res.percentile(0.5) * 1e3:.2f}",
-                                 f"{res.percentile(0.99) * 1e3:.2f}", f"{added50:+.2f}" if flood else "—",
-                                 f"{added99:+.2f}" if flood else "—", f"{res.rps:.0f}", f"{cpu:.0%}"])
-                    print(f"  ingest {rows[-1]}", file=sys.stderr)
-            gaps = _router_metric(router.url, 'pd_router_kv_event_stream_total{instance="z0",kind="gaps"}')
-    head = ("Ingest: one `pd-router serve` process (uvloop) routing non-streaming completions, paced (open loop) "
-            "or closed loop, (token mode through the backend's /tokenize) to a zero-work backend while a publisher process "
-            "sends it KV events over loopback ZMQ: 32 events per message, half BlockStored of 4 blocks (64 token "
-            "ids), half BlockRemoved of 4 (blocks stored 512 messages before). Publisher, router, backend and "
-            "load generator share the machine's 2 cores, so the unpaced flood measures what the router applies "
-            f"while its cores are also busy elsewhere. Sequence gaps seen over all runs: {int(gaps)}.\n\n")
-    cost = in_process_cost()
-    tail = (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
-            f"event, a ceiling of {1e6 / cost:,.0f} events/s on a core of its own. The router CPU column is the "
-            "router process's share of one core over the run (from /proc).")
-    return head + table(["routed requests", "event flood", "events/s sent", "events/s applied by the router",
-                         "routing p50 ms", "routing p99 ms", "added p50 ms", "added p99 ms", "req/s", "router CPU"],
-                        rows) + tail
-
-
 # -- tokenize ----------------------------------------------------------------------------
 def part_tokenize(args: argparse.Namespace) -> str:
     """How long the event loop would be held by encoding one prompt in the router."""
@@ -352,7 +286,7 @@ async def _loop_stall(file_tok: Any, text: str) -> float:
 
 def main() -> int:
     args = parse_args()
-    parts = {"replay": part_replay, "live": part_live, "ingest": part_ingest, "tokenize": part_tokenize}
+    parts = {"replay": part_replay, "live": part_live, "tokenize": part_tokenize}
     busy = wait_until_quiet(args.wait_quiet) if args.wait_quiet > 0 else busy_processes()
     out = [f"{contention_note(busy)} Load average at the start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     for name in args.parts:
@@ -360,7 +294,7 @@ def main() -> int:
         out.append(parts[name](args))
         print(out[-1] + "\n")
     if args.write:
-        command = "python loadtests/kv_events_bench.py" + ("" if len(args.parts) == 4 else " --parts " + " ".join(args.parts))
+        command = "python loadtests/kv_events_bench.py" + ("" if len(args.parts) == 3 else " --parts " + " ".join(args.parts))
         write_section(SECTION, command + " --write", "\n\n".join(out))
     return 0
 

@@ -163,7 +163,7 @@ def test_cpu_per_request_end_to_end_without_peers(capsys: pytest.CaptureFixture[
 def test_kv_events_bench_replay_part_renders_both_residencies() -> None:
     args = kv_events_bench.parse_args(["--trace", "synthetic:shared_prefix:groups=4,users=2,system=600,question=100,"
                                        "output=8,stages=2x10", "--replay-cache-tokens", "2000"])
-    assert args.parts == ["replay", "live", "ingest", "tokenize"] and not args.write
+    assert args.parts == ["replay", "live", "tokenize"] and not args.write
     text = kv_events_bench.part_replay(args)
     assert text.count("| approximate |") == 2 and text.count("| precise |") == 2
 
@@ -237,3 +237,22 @@ def test_scale_out_projection_names_the_bound() -> None:
     cluster = Throughput(2, "Cluster (3 primaries)", 900.0, router_cpu_us=1000.0, redis_cpu_us=400.0, errors=0, phantom=0)
     text = projection([alone, cluster])
     assert "16 primaries: Redis saturates at 32,000 req/s" in text and "3 primaries: Redis saturates at 6,000 req/s" in text
+
+
+def test_kv_flood_payloads_apply_in_steady_state() -> None:
+    """The flood stores fresh blocks and removes ones stored LAG messages before: the table
+    stays at a steady size, no removal misses, and the typed path decodes every message."""
+    from loadtests.kv_flood import BLOCKS_PER_EVENT, LAG, PER_MESSAGE, POOL, flood_payloads
+    from router.kvevents.apply import TableWriter
+    from router.kvevents.wire import StoredMap, decode_batch
+    from router.state.precise import BlockTable
+
+    writer = TableWriter(BlockTable(1_000_000), "m", 16)
+    payloads = flood_payloads()
+    assert len(payloads) == POOL
+    for payload in payloads + payloads[:LAG]:
+        events = decode_batch(payload)[1]
+        assert isinstance(events[0], StoredMap)
+        writer.apply_raw(events)
+    assert len(writer.table) == LAG * PER_MESSAGE // 2 * BLOCKS_PER_EVENT
+    assert writer.counters.refused == writer.counters.orphans == 0

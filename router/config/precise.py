@@ -76,6 +76,12 @@ class KVEventsConfig(_Strict):
                               "memory counts as this fraction of a GPU block")
     max_blocks_per_instance: int = Field(default=1_000_000, ge=16, description="engine blocks tracked per "
                                          "instance; beyond it the oldest stored are forgotten")
+    sidecar: bool = Field(default=False, description="decode and apply KV events in a child process the "
+                          "router owns (restarted if it dies), which ships only changed key sets to the event "
+                          "loop: for tens of thousands of events/s and more, so that routing latency stays as it is")
+    sidecar_nice: int = Field(default=5, ge=0, le=19, description="the sidecar's CPU priority below the router's "
+                              "(Unix nice increment): when the cores are contended, routing goes first and an "
+                              "ingestion that falls behind shows as sequence gaps (approximate residency until resynced)")
     speculative_s: float = Field(default=2.0, ge=0, description="a routed prefix counts on its instance for this "
                                  "long before the engine's events confirm it")
     hwm: int = Field(default=100_000, ge=1, description="ZMQ receive high-water mark (messages); beyond it the "

@@ -13,7 +13,9 @@ from router.core.instances import InstancePool
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.metrics import KVEventsCollector
 from router.state.base import StateStore
-from router.state.precise import EventResidency
+from router.kvevents.sidecar import SidecarIngest
+from router.state.precise import BlockTable, EventResidency
+from router.state.precise_mirror import MirrorTable
 from router.state.precise_store import PreciseStore
 
 __all__ = ["KVEventIngest", "precise_store", "uses_bind"]
@@ -40,11 +42,12 @@ def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
     kv = config.kv_events
     if not kv.enabled:
         return store, None
-    residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight)
+    residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
+                               factory=MirrorTable if kv.sidecar else BlockTable)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
                            default_cap=max(caps.values(), default=8192))
-    ingest = KVEventIngest(config, pool, residency, may_bind=may_bind)
+    ingest = (SidecarIngest if kv.sidecar else KVEventIngest)(config, pool, residency, may_bind=may_bind)
     if registry is not None:
         registry.register(KVEventsCollector(ingest, wrapped))
     return wrapped, ingest

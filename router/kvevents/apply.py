@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.kvevents.wire import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    Event,
+    AllBlocksCleared, BlockRemoved, BlockStored, ClearedEvent, Event, RemovedEvent, StoredEvent, WireError,
     decode_event,
 )
 from router.request.hashing import chain_keys, pack_tokens, root_seed, token_seed
@@ -31,6 +28,7 @@ from router.state.precise import BlockTable, tier_of
 log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
+_GPU = tier_of(None)
 
 
 @dataclass
@@ -77,11 +75,35 @@ class TableWriter:
                 c.cleared += 1
 
     def apply_raw(self, raw_events: list[Any]) -> None:
-        """Events as msgpack decoded them: the vLLM 0.32 maps with int hashes are applied
-        straight from the maps (the hot path: no intermediate objects); anything else goes
-        through ``decode_event``, which validates and raises WireError on garbage."""
+        """Events as ``wire.decode_batch`` decoded them: typed structs (the hot path, whose
+        types msgspec checked), or maps and arrays as msgpack decoded them, where the
+        vLLM 0.32 maps with int hashes are applied straight from the maps; anything else
+        goes through ``decode_event``, which validates and raises WireError on garbage."""
         c = self.counters
         for raw in raw_events:
+            if isinstance(raw, StoredEvent):
+                if raw.block_size < 1:
+                    raise WireError("block_size must be a positive int")
+                ids = raw.block_hashes
+                if ids and min(ids) < 0:  # int64 as the publisher's decoder saw uint64
+                    ids = [h & _MASK64 for h in ids]
+                up = raw.parent_block_hash
+                c.events += 1
+                self._stored(ids, None if up is None else up & _MASK64, raw.token_ids, raw.block_size,
+                             raw.medium, raw.lora_name)
+                continue
+            if isinstance(raw, RemovedEvent):
+                gone = raw.block_hashes
+                if gone and min(gone) < 0:
+                    gone = [h & _MASK64 for h in gone]
+                c.events += 1
+                self._removed(gone, raw.medium)
+                continue
+            if isinstance(raw, ClearedEvent):
+                c.events += 1
+                self.table.clear()
+                c.cleared += 1
+                continue
             if type(raw) is dict:
                 get = raw.get
                 kind = get("type")
@@ -123,7 +145,7 @@ class TableWriter:
                             "(set hashing.tokens.block_size to the engine's block size)", self.model, bs, rb)
             c.refused += 1
             return
-        tier = tier_of(medium)
+        tier = _GPU if medium is None or medium == "GPU" else tier_of(medium)
         n = min(len(hashes), len(tokens) // bs)
         prev: int | None = self.root(lora_name) if parent is None else table.last_key(parent)
         try:

@@ -73,12 +73,7 @@ class KVEventIngest:
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self, client: httpx.AsyncClient) -> None:
         self._client = client
-        self._ctx = zmq.asyncio.Context()
-        if self._kv.bind and self._may_bind:
-            self._bind(self._kv.bind)
-        elif self._kv.bind:
-            log.error("kv events: kv_events.bind %s is not bound: one of several worker processes cannot; "
-                      "residency of the engines that connect to it stays approximate", self._kv.bind)
+        await self._open()
         for inst in self._pool:
             self.residency.table(inst.id)  # stale until its events say otherwise
         self._tasks.append(asyncio.create_task(self._discover_loop(), name="pd-router-kv-discovery"))
@@ -97,6 +92,19 @@ class KVEventIngest:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._shut()
+
+    async def _open(self) -> None:
+        """Where messages will come from: this process's ZMQ sockets (a sidecar's, in
+        ``router.kvevents.sidecar``)."""
+        self._ctx = zmq.asyncio.Context()
+        if self._kv.bind and self._may_bind:
+            self._bind(self._kv.bind)
+        elif self._kv.bind:
+            log.error("kv events: kv_events.bind %s is not bound: one of several worker processes cannot; "
+                      "residency of the engines that connect to it stays approximate", self._kv.bind)
+
+    async def _shut(self) -> None:
         for source in self.sources:
             await source.close()
         if self._ctx is not None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from router.kvevents.ingest import KVEventIngest
+from router.kvevents.sidecar import SidecarIngest
 from router.state.precise_store import PreciseStore
 
 _BLOCK_OPS = ("stored_blocks", "removed_blocks", "orphans", "refused", "unknown_removals")
@@ -68,3 +69,8 @@ class KVEventsCollector:
         errors = CounterMetricFamily("pd_router_kv_event_receive_errors", "KV-event messages that could not be handled")
         errors.add_metric([], self._ingest.receive_errors)
         yield from (fresh, held, overflow, lookups, errors)
+        if isinstance(self._ingest, SidecarIngest):
+            restarts = CounterMetricFamily("pd_router_kv_sidecar_restarts",
+                                           "Times the KV-event sidecar process died and was started again")
+            restarts.add_metric([], self._ingest.restarts)
+            yield restarts

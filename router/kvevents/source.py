@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from router.kvevents.apply import TableWriter
-from router.kvevents.wire import WireError, decode_batch_raw
+from router.kvevents.wire import WireError, decode_batch
 from router.state.precise import BlockTable
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class Source:
         self.last = seq
         self.counters.batches += 1
         try:
-            _ts, events, _rank = decode_batch_raw(payload)
+            _ts, events, _rank = decode_batch(payload)
             cleared = self.writer.counters.cleared
             self.writer.apply_raw(events)
         except WireError as exc:

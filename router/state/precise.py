@@ -17,7 +17,7 @@ blocks the oldest stored are forgotten (counted), as the engine evicts its oldes
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 _GPU, _OFFLOAD = 1, 2
 
@@ -172,9 +172,14 @@ class BlockTable:
 class EventResidency:
     """Every precise instance's tables (one per data-parallel rank)."""
 
-    def __init__(self, capacity: int, cpu_weight: float = 0.8) -> None:
+    def __init__(self, capacity: int, cpu_weight: float = 0.8,
+                 factory: Callable[[int], BlockTable] = BlockTable) -> None:
+        """``factory`` makes each table from the capacity: ``BlockTable`` where events are
+        applied in this process, a mirror of a sidecar's tables otherwise
+        (``router.state.precise_mirror``)."""
         self._capacity = capacity
         self.cpu_weight = cpu_weight
+        self._factory = factory
         self._tables: dict[str, dict[int, BlockTable]] = {}
 
     def table(self, instance: str, rank: int = 0) -> BlockTable:
@@ -182,7 +187,7 @@ class EventResidency:
         ranks = self._tables.setdefault(instance, {})
         table = ranks.get(rank)
         if table is None:
-            table = ranks[rank] = BlockTable(self._capacity)
+            table = ranks[rank] = self._factory(self._capacity)
         return table
 
     def instances(self) -> list[str]:

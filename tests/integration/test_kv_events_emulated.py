@@ -5,6 +5,7 @@ import time
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from router.config.model import load_config
 from router.gateway.app import create_app
@@ -28,6 +29,20 @@ def wait_for(predicate, timeout=10.0):
         time.sleep(0.02)
 
 
+def settled(read, quiet_s=0.3, timeout=10.0):
+    """``read()`` once it has not changed for ``quiet_s`` (events still in flight, or in a
+    sidecar's next delta, would change it)."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "never settled"
+        time.sleep(0.02)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def keys_of(engine_url, prompt):
     ids = httpx.post(f"{engine_url}/tokenize", json={"model": "m", "prompt": prompt}).json()["tokens"]
     return token_block_keys(ids, 16, root_seed("m"), 4096), len(ids)
@@ -45,12 +60,13 @@ def router_for(engines, **extra):
     })
 
 
-def test_residency_from_discovered_events_routes_to_the_engine_that_holds_the_prefix():
+@pytest.mark.parametrize("sidecar", [False, True], ids=["in-process", "sidecar"])
+def test_residency_from_discovered_events_routes_to_the_engine_that_holds_the_prefix(sidecar):
     with ExitStack() as stack:
         base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0")
         a = stack.enter_context(start_in_thread(base.replace(engine_id="a")))
         b = stack.enter_context(start_in_thread(base.replace(engine_id="b", kv_events_positional=True)))
-        app = create_app(router_for({"a": a, "b": b}))
+        app = create_app(router_for({"a": a, "b": b}, sidecar=sidecar))
         url = stack.enter_context(serve_app(app))
         ingest = app.state.kv_events
         wait_for(lambda: len(ingest.sources) == 2)
@@ -76,12 +92,13 @@ def test_residency_from_discovered_events_routes_to_the_engine_that_holds_the_pr
         assert 'pd_router_kv_event_stream_total{engine="a",kind="gaps"} 0.0' in metrics
 
 
-def test_a_block_evicted_on_the_engine_stops_being_counted():
+@pytest.mark.parametrize("sidecar", [False, True], ids=["in-process", "sidecar"])
+def test_a_block_evicted_on_the_engine_stops_being_counted(sidecar):
     with ExitStack() as stack:
         # 2,048 tokens of cache: three ~800-token prompts cannot all stay
         e = stack.enter_context(start_in_thread(EmulatorConfig(
             model="m", time_scale=0.01, cache_tokens=2048, kv_events_endpoint="tcp://*:0")))
-        app = create_app(router_for({"e": e}))
+        app = create_app(router_for({"e": e}, sidecar=sidecar))
         url = stack.enter_context(serve_app(app))
         residency = app.state.kv_events.residency
         wait_for(lambda: len(app.state.kv_events.sources) == 1)
@@ -96,7 +113,7 @@ def test_a_block_evicted_on_the_engine_stops_being_counted():
         evictions = httpx.get(f"{e.url}/emulator/stats").json()["kv"]["evictions"]
         assert evictions > 0
         wait_for(lambda: residency.matched(keys, ["e"])["e"] < n // 16)
-        predicted = residency.matched(keys, ["e"])["e"]
+        predicted = settled(lambda: residency.matched(keys, ["e"])["e"])  # the evictions' events all applied
         # the engine's own hit on that prompt now is what the router says it still holds
         assert httpx.post(f"{url}/v1/completions", json=completion(first), timeout=30).status_code == 200
         assert recent(e.url)[-1]["cached_tokens"] == min(predicted, (n - 1) // 16) * 16

@@ -1,0 +1,267 @@
+"""KV-event ingestion in a child process the router owns (``kv_events.sidecar``).
+
+Decoding the engines' batches and hashing their token ids into router keys costs a few
+microseconds per event; at 100k events/s that is half a core, taken on the event loop
+in slices that every request then waits behind. Here the sockets, the sequence checks
+and replays, decoding and the engine-block tables run in ``router.kvevents.sidecar_main``
+and the loop only applies what changed: per table, the router keys that became held or
+not held since the last shipment (``router.state.precise_mirror``), every 10 ms while
+events flow. Stale, gap and restart handling is the same code as in-process, run there.
+
+The router starts the sidecar with itself, resends it the sources (discovery stays
+here), and restarts it with a growing delay if it dies: meanwhile, and until each new
+stream shows a known state, every table is stale (approximate residency), as after a
+router restart. The sidecar reads its commands on stdin, so it ends when the router does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+from router.config.model import RouterConfig
+from router.core.instances import InstancePool
+from router.kvevents.apply import ApplyCounters, TableWriter
+from router.kvevents.ingest import KVEventIngest, _Subscription
+from router.kvevents.sidecar_wire import (
+    ADD, CONFIG, DELTA, ERROR, OPENED, REMOVE, STATS, ChannelError, FrameReader, decode_delta, json_frame,
+)
+from router.kvevents.source import Source, SourceSpec, StreamCounters
+from router.state.precise import EventResidency
+from router.state.precise_mirror import MirrorTable
+
+log = logging.getLogger(__name__)
+
+_RESTART_S, _MAX_RESTART_S, _STABLE_S = 0.5, 10.0, 30.0
+_READ_CHUNK, _READ_MAX = 1 << 20, 8 << 20  # per recv, per readiness callback
+
+
+def _sum(a: Any, b: Any) -> Any:
+    """Field-wise sum of two counter dataclasses of one type."""
+    return type(a)(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in dataclasses.fields(a)})
+
+
+@dataclasses.dataclass
+class _View:
+    """What the router knows of one source the sidecar runs: its spec, and the counters of
+    earlier sidecars (a restart must not make Prometheus counters go back)."""
+
+    source: Source
+    base_stream: StreamCounters = dataclasses.field(default_factory=StreamCounters)
+    base_apply: ApplyCounters = dataclasses.field(default_factory=ApplyCounters)
+
+
+class SidecarIngest(KVEventIngest):
+    """``KVEventIngest`` whose sources run in a sidecar process; ``sources`` are views (of
+    the sources whose sockets the sidecar opened) whose counters and sequence state are
+    copied from the sidecar's several times a second."""
+
+    def __init__(self, config: RouterConfig, pool: InstancePool, residency: EventResidency, *,
+                 may_bind: bool = True) -> None:
+        super().__init__(config, pool, residency, may_bind=may_bind)
+        self._views: dict[int, _View] = {}
+        self._next_sid = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._frames = FrameReader()
+        self._closing = False
+        self._errors_base = 0
+        self._errors_now = 0
+        self.restarts = 0  # sidecars started after the first
+
+    # -- the process ---------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self._spawn()
+        self._tasks.append(asyncio.create_task(self._watch(), name="pd-router-kv-sidecar"))
+
+    async def _spawn(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "router.kvevents.sidecar_main", str(theirs.fileno()),
+                stdin=asyncio.subprocess.PIPE, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock, self._frames = ours, FrameReader()
+        asyncio.get_running_loop().add_reader(ours.fileno(), self._readable)
+        config = {"hashing": self._config.hashing.model_dump(mode="json"),
+                  "kv_events": self._kv.model_dump(mode="json"),
+                  "health": self._config.health.model_dump(mode="json")}
+        self._send(json_frame(CONFIG, {"config": config, "log_level": logging.getLogger().getEffectiveLevel(),
+                                       "may_bind": self._may_bind}))
+        for sid, view in self._views.items():
+            self._send_add(sid, view.source.spec)
+        log.info("kv events: sidecar process %d started", self._proc.pid)
+
+    def _send(self, data: bytes) -> None:
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and proc.returncode is None:
+            proc.stdin.write(data)
+
+    def _send_add(self, sid: int, spec: SourceSpec) -> None:
+        self._send(json_frame(ADD, {"sid": sid, "spec": dataclasses.asdict(spec)}))
+
+    async def _watch(self) -> None:
+        """Restart the sidecar whenever it ends while the router runs."""
+        delay = _RESTART_S
+        while not self._closing:
+            proc = self._proc
+            started = time.monotonic()
+            code = await proc.wait() if proc is not None else None
+            self._lost()
+            if time.monotonic() - started > _STABLE_S:
+                delay = _RESTART_S
+            log.error("kv events: the sidecar process exited (%s); every instance's residency is approximate "
+                      "until its events resync; restarting in %.1f s", code, delay)
+            await asyncio.sleep(delay)
+            delay = min(_MAX_RESTART_S, delay * 2)
+            self.restarts += 1
+            try:
+                await self._spawn()
+            except OSError as exc:  # e.g. out of processes: try again later
+                log.error("kv events: the sidecar could not be started: %s", exc)
+                self._proc = None
+
+    def _lost(self) -> None:
+        """The sidecar is gone: what it knew is gone with it."""
+        self._stop_reading()
+        for view in self._views.values():  # the views' counters already include the earlier sidecars'
+            view.base_stream = dataclasses.replace(view.source.counters)
+            view.base_apply = dataclasses.replace(view.source.writer.counters)
+            view.source.last, view.source.synced = None, False
+        self._errors_base += self._errors_now
+        self._errors_now = 0
+        for instance in self.residency.instances():
+            for table in self.residency.tables(instance).values():
+                table.clear()
+                table.fresh = False
+
+    def _stop_reading(self) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+
+    async def _shut(self) -> None:
+        self._closing = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            if proc.stdin is not None:
+                proc.stdin.close()  # the sidecar ends on its stdin's end
+            try:
+                await asyncio.wait_for(proc.wait(), 3.0)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        self._stop_reading()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.returncode is None else None
+
+    # -- sources -------------------------------------------------------------------------
+    def add_source(self, spec: SourceSpec, url: str | None = None) -> Source:
+        view = Source(spec, TableWriter(self.residency.table(spec.instance, spec.dp_rank), spec.model,
+                                        self._config.hashing.block_tokens, self._config.hashing.seed))
+        sid, self._next_sid = self._next_sid, self._next_sid + 1
+        self._views[sid] = _View(view)
+        self._subs.setdefault(spec.instance, _Subscription(url or "")).sources.append(view)
+        self._send_add(sid, spec)  # in ``sources`` once the sidecar says its socket is open
+        log.info("kv events of %s: %s, in the sidecar", spec.name, f"SUB connected to {spec.endpoint}"
+                 if spec.endpoint else f"topic {spec.topic!r} on the bound {spec.bind}")
+        return view
+
+    async def remove_instance(self, instance: str) -> None:
+        """As in-process: the sidecar closes the instance's sockets; deltas it sent before it
+        read the command are dropped here (the instance has no subscription any more)."""
+        if self._subs.pop(instance, None) is None:
+            self.residency.drop(instance)
+            return
+        for sid, view in list(self._views.items()):
+            if view.source.spec.instance == instance:
+                del self._views[sid]
+        self.sources = [s for s in self.sources if s.spec.instance != instance]
+        self._send(json_frame(REMOVE, {"instance": instance}))
+        self.residency.drop(instance)
+        log.info("kv events of %s: unsubscribed (the instance left the pool)", instance)
+
+    # -- what the sidecar sends ----------------------------------------------------------
+    def _readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        got = 0
+        while got < _READ_MAX:
+            try:
+                data = sock.recv(_READ_CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:  # the sidecar closed its end: _watch restarts it
+                self._stop_reading()
+                return
+            got += len(data)
+            try:
+                for kind, body in self._frames.feed(data):
+                    self._on_frame(kind, body)
+            except (ChannelError, ValueError, KeyError) as exc:
+                log.error("kv events: unreadable message from the sidecar (%s); restarting it", exc)
+                self._stop_reading()
+                if self._proc is not None and self._proc.returncode is None:
+                    self._proc.kill()
+                return
+
+    def _on_frame(self, kind: bytes, body: bytes) -> None:
+        if kind == DELTA:
+            instance, rank, delta = decode_delta(body)
+            if instance not in self._subs:  # it left the pool; the sidecar had not read that yet
+                return
+            table = self.residency.table(instance, rank)
+            assert isinstance(table, MirrorTable)
+            table.apply(delta)
+        elif kind == STATS:
+            self._on_stats(_json(body))
+        elif kind == OPENED:
+            opened = self._views.get(int(_json(body)["sid"]))
+            if opened is not None and opened.source not in self.sources:
+                self.sources.append(opened.source)
+        elif kind == ERROR:
+            obj = _json(body)
+            view = self._views.pop(int(obj["sid"]), None)
+            if view is not None:
+                if view.source in self.sources:
+                    self.sources.remove(view.source)
+                log.error("kv events of %s cannot be subscribed: %s; its residency stays approximate",
+                          view.source.spec.name, obj["error"])
+
+    def _on_stats(self, obj: dict[str, Any]) -> None:
+        self._errors_now = int(obj["receive_errors"])
+        self.receive_errors = self._errors_base + self._errors_now
+        for sid, stats in obj["sources"].items():
+            view = self._views.get(int(sid))
+            if view is None:
+                continue
+            view.source.counters = _sum(view.base_stream, StreamCounters(**stats["stream"]))
+            view.source.writer.counters = _sum(view.base_apply, ApplyCounters(**stats["apply"]))
+            view.source.last, view.source.synced = stats["last"], bool(stats["synced"])
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ChannelError("a JSON frame must hold an object")
+    return obj
+

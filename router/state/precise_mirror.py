@@ -1,0 +1,223 @@
+"""Engine tables split across two processes: written in a sidecar, read on the event loop.
+
+With ``kv_events.sidecar`` the KV events are decoded, hashed into router keys and applied
+to full ``BlockTable``s in a child process (``TrackedTable``: it also notes which router
+keys it touched). What the request path needs of a table is only whether each router key
+is held per tier, so the child ships, per table, the keys whose presence changed since
+the last shipment (a key stored then removed in between is shipped once, as absent) and
+the parent keeps just those sets (``MirrorTable``): applying a shipment is two C-level set
+operations per tier, whatever the events looked like.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from router.state.precise import _GPU, BlockTable
+
+
+def _keys() -> array[int]:
+    return array("Q")
+
+
+@dataclass(slots=True)
+class TableDelta:
+    """What changed in one table since the last delta: presence per tier, and its state."""
+
+    fresh: bool
+    size: int  # engine blocks held
+    overflow: int
+    reset: bool = False  # cleared first (then ``added`` is everything held)
+    added_gpu: array[int] = field(default_factory=_keys)
+    removed_gpu: array[int] = field(default_factory=_keys)
+    added_offload: array[int] = field(default_factory=_keys)
+    removed_offload: array[int] = field(default_factory=_keys)
+
+
+class TrackedTable(BlockTable):
+    """A ``BlockTable`` that records, per tier, the router keys whose presence changed
+    (a refcount going 0 -> 1 or 1 -> 0) since the last ``take_delta``, netted: a key
+    added then removed before the next delta is in neither set.
+
+    Every batch a ``Source`` applies ends by setting ``fresh``, which marks the table
+    touched, so each applied batch reaches the mirror (its freshness included) even when
+    it changed no key."""
+
+    __slots__ = ("_fresh", "_touched", "_reset", "_added", "_removed")
+
+    def __init__(self, capacity: int) -> None:
+        self._touched = False
+        self._reset = False
+        self._added: tuple[set[int], set[int]] = (set(), set())  # by tier: GPU, offload
+        self._removed: tuple[set[int], set[int]] = (set(), set())
+        super().__init__(capacity)
+
+    @property
+    def fresh(self) -> bool:
+        return self._fresh
+
+    @fresh.setter
+    def fresh(self, value: bool) -> None:
+        self._fresh = value
+        self._touched = True
+
+    def _sets(self, tier: int) -> tuple[dict[int, int], set[int], set[int]]:
+        i = 0 if tier == _GPU else 1
+        return (self._gpu if i == 0 else self._offload), self._added[i], self._removed[i]
+
+    def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
+        """``BlockTable.store_run``, noting keys that became held."""
+        self._touched = True
+        blocks = self._blocks
+        counts, added, removed = self._sets(tier)
+        get = blocks.get
+        for h, ks in zip(hashes, keys):
+            entry = get(h)
+            if entry is None:
+                blocks[h] = (ks, tier)
+            elif not entry[1] & tier:
+                blocks[h] = (entry[0], entry[1] | tier)
+                blocks.move_to_end(h)
+                ks = entry[0]
+            else:
+                blocks.move_to_end(h)
+                continue
+            for key in ks:
+                n = counts.get(key, 0) + 1
+                counts[key] = n
+                if n == 1:
+                    if key in removed:
+                        removed.discard(key)
+                    else:
+                        added.add(key)
+        while len(blocks) > self.capacity:
+            _old, (old_keys, old_tiers) = blocks.popitem(last=False)
+            self._uncount(old_keys, old_tiers)
+            self.overflow += 1
+
+    def remove_run(self, hashes: Sequence[int], tier: int) -> int:
+        """``BlockTable.remove_run``, noting keys that stopped being held."""
+        self._touched = True
+        blocks = self._blocks
+        counts, added, removed = self._sets(tier)
+        get = blocks.get
+        found = 0
+        for h in hashes:
+            entry = get(h)
+            if entry is None or not entry[1] & tier:
+                continue
+            found += 1
+            keys, tiers = entry
+            for key in keys:
+                n = counts[key] - 1
+                if n:
+                    counts[key] = n
+                else:
+                    del counts[key]
+                    if key in added:
+                        added.discard(key)
+                    else:
+                        removed.add(key)
+            if tiers == tier:
+                del blocks[h]
+            else:
+                blocks[h] = (keys, tiers & ~tier)
+        return found
+
+    def _count(self, keys: tuple[int, ...], tier: int, delta: int) -> None:
+        self._touched = True
+        counts, added, removed = self._sets(tier)
+        was = {key for key in keys if key in counts}
+        super()._count(keys, tier, delta)
+        for key in keys:
+            held = key in counts
+            if held and key not in was:
+                if key in removed:
+                    removed.discard(key)
+                else:
+                    added.add(key)
+            elif not held and key in was:
+                if key in added:
+                    added.discard(key)
+                else:
+                    removed.add(key)
+
+    def clear(self) -> None:
+        super().clear()
+        self._reset = self._touched = True
+        for group in (*self._added, *self._removed):
+            group.clear()
+
+    def take_delta(self) -> TableDelta | None:
+        """The changes since the last call, or None when there were none."""
+        (add_gpu, add_off), (rem_gpu, rem_off) = self._added, self._removed
+        if not (self._touched or add_gpu or add_off or rem_gpu or rem_off):
+            return None
+        delta = TableDelta(self._fresh, len(self), self.overflow, self._reset,
+                           array("Q", add_gpu), array("Q", rem_gpu), array("Q", add_off), array("Q", rem_off))
+        for group in (add_gpu, add_off, rem_gpu, rem_off):
+            group.clear()
+        self._touched = self._reset = False
+        return delta
+
+
+class MirrorTable(BlockTable):
+    """The parent's copy of a ``TrackedTable``: the keys held per tier, its size and state.
+
+    Written only by ``apply``; the engine-block map stays in the sidecar."""
+
+    __slots__ = ("_size", "_held_gpu", "_held_offload")
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._size = 0
+        self._held_gpu: set[int] = set()
+        self._held_offload: set[int] = set()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def apply(self, delta: TableDelta) -> None:
+        gpu, offload = self._held_gpu, self._held_offload
+        if delta.reset:
+            gpu.clear()
+            offload.clear()
+        gpu.difference_update(delta.removed_gpu)
+        gpu.update(delta.added_gpu)
+        offload.difference_update(delta.removed_offload)
+        offload.update(delta.added_offload)
+        self._size = delta.size
+        self.overflow = delta.overflow
+        self.fresh = delta.fresh
+
+    def clear(self) -> None:
+        """Forget everything (the sidecar that filled it is gone)."""
+        self._held_gpu.clear()
+        self._held_offload.clear()
+        self._size = 0
+
+    def depth(self, keys: Sequence[int], cpu_weight: float) -> float:
+        gpu, offload = self._held_gpu, self._held_offload
+        total = 0.0
+        for key in keys:
+            if key in gpu:
+                total += 1.0
+            elif key in offload:
+                total += cpu_weight
+            else:
+                break
+        return total
+
+    def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
+        raise TypeError("a mirror table is written by its sidecar's deltas only")
+
+    def remove_run(self, hashes: Sequence[int], tier: int) -> int:
+        raise TypeError("a mirror table is written by its sidecar's deltas only")
+
+    def store(self, engine_hash: int, keys: tuple[int, ...], tier: int) -> None:
+        raise TypeError("a mirror table is written by its sidecar's deltas only")
+
+    def remove(self, engine_hash: int, tier: int) -> bool:
+        raise TypeError("a mirror table is written by its sidecar's deltas only")
