@@ -54,11 +54,19 @@ def child_config(data: dict[str, Any]) -> RouterConfig:
                                   "health": data.get("health", {})})
 
 
+class _ChildIngest(KVEventIngest):
+    """The router's ingestion, minus following a pool: this process has none (its sources
+    come as ADD/REMOVE commands from the router, which follows its own)."""
+
+    async def _reconcile(self) -> None:
+        return
+
+
 class Sidecar:
     def __init__(self, config: RouterConfig, out: socket.socket, may_bind: bool = True) -> None:
         kv = config.kv_events
         self.residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight, factory=TrackedTable)
-        self.ingest = KVEventIngest(config, InstancePool(config), self.residency, may_bind=may_bind)
+        self.ingest = _ChildIngest(config, InstancePool(config), self.residency, may_bind=may_bind)
         self.sources: dict[int, Source] = {}
         self._out = out
 

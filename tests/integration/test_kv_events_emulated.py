@@ -145,12 +145,13 @@ def test_an_engine_whose_publisher_connects_reaches_the_socket_the_router_binds(
         wait_for(lambda: ingest.residency.matched(keys, ["e"]).get("e") == n // 16)
 
 
-def test_an_instance_that_joins_later_is_subscribed_too():
+@pytest.mark.parametrize("sidecar", [False, True], ids=["in-process", "sidecar"])
+def test_an_instance_that_joins_later_is_subscribed_too(sidecar):
     with ExitStack() as stack:
         base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0")
         a = stack.enter_context(start_in_thread(base.replace(engine_id="a")))
         b = stack.enter_context(start_in_thread(base.replace(engine_id="b")))
-        config = router_for({"a": a})
+        config = router_for({"a": a}, sidecar=sidecar)
         config.server.admin_token = "t0ken"
         app = create_app(config)
         url = stack.enter_context(serve_app(app))
@@ -162,13 +163,14 @@ def test_an_instance_that_joins_later_is_subscribed_too():
         wait_for(lambda: {s.spec.instance for s in ingest.sources} == {"a", "b"})  # found through its own /kv_event_sources
 
 
-def test_an_instance_that_leaves_is_unsubscribed_and_one_back_at_another_address_is_subscribed_there():
+@pytest.mark.parametrize("sidecar", [False, True], ids=["in-process", "sidecar"])
+def test_an_instance_that_leaves_is_unsubscribed_and_one_back_at_another_address_is_subscribed_there(sidecar):
     admin = {"authorization": "Bearer t0ken"}
     with ExitStack() as stack:
         base = EmulatorConfig(model="m", time_scale=0.01, kv_events_endpoint="tcp://*:0",
                               kv_events_replay_endpoint="tcp://*:0")  # known (empty) at once, through a replay
         a, b, c = (stack.enter_context(start_in_thread(base.replace(engine_id=n))) for n in "abc")
-        config = router_for({"a": a, "b": b})
+        config = router_for({"a": a, "b": b}, sidecar=sidecar)
         config.server.admin_token = "t0ken"
         app = create_app(config)
         url = stack.enter_context(serve_app(app))
