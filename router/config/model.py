@@ -150,6 +150,7 @@ class TTFTWeights(_Strict):
     attention_s_per_token2: float = Field(default=1.0e-9, ge=0, description="context-dependent prefill cost per (token x context token)")
     request_overhead_s: float = Field(default=0.005, ge=0, description="fixed cost per queued request")
     decode_interference_s: float = Field(default=0.002, ge=0, description="added delay per running request on the instance")
+    decode_step_s: float = Field(default=0.008, ge=0, description="time of one decode step: how fast running requests free KV room for a queued one")
     tie_tolerance: float = Field(default=0.05, ge=0, lt=1, description="estimates within this fraction of the best are a tie, broken randomly")
     bounded_load_factor: float = Field(default=2.0, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
     bounded_load_slack: int = Field(default=2, ge=0, description="in-flight requests always allowed above the mean before the bound applies")
@@ -265,6 +266,8 @@ class CalibrationConfig(_Strict):
     stale_after_s: float = Field(default=30.0, gt=0, description="a factor not re-measured for this long relaxes toward 1.0, "
                                  "so a belief that keeps traffic away from an instance cannot starve it for good")
     relax_half_life_s: float = Field(default=30.0, gt=0, description="half-life of that relaxation once a factor is stale")
+    scope: Literal["pool", "instance"] = Field(default="pool", description="pool: one factor per group of instances declaring the same model "
+                                               "and rate, measured by all of them; instance: one factor per instance")
 
 
 class ProxyConfig(_Strict):

@@ -1,14 +1,23 @@
 """TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
 
-    ttft = queue + prefill + interference
+    ttft = queue + prefill + interference + admission
     queue        = booked prefill tokens ahead / prefill rate
     prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
     interference = per-request delay * requests in flight (decode steps share the GPU)
+    admission    = wait for KV room: the deficit over the rate running requests free KV
 
 The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
 instance when declared (or calibrated), else the configured default. Cached tokens are
 the expected ones: the matched run times the confidence that the engine still holds it.
+
+Why admission: an engine admits a request only when its KV cache has room for it, so on
+an instance whose booked KV (prompt + output of the requests in flight, less the prefix
+each found cached) is full, the request waits for running requests to finish however
+short its prefill queue is. Without this term a pool of small caches looks idle to the
+estimate while least-loaded routing (which spreads KV by spreading requests) wins. Each
+running request holds ``kv / requests`` tokens and is taken to end after about half this
+request's output in decode steps; the deficit is what must be freed (at most all of it).
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ class TTFTTerms:
     prefill_s: float
     interference_s: float
     uncached_tokens: int
+    admission_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.queue_s + self.prefill_s + self.interference_s
+        return self.queue_s + self.prefill_s + self.interference_s + self.admission_s
 
 
 def prefill_seconds(uncached: float, prompt: int, rate: float, weights: TTFTWeights) -> float:
@@ -47,12 +57,26 @@ def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
     return round(req.prompt_tokens - cached + attention * rate)
 
 
+def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, max_tokens: int,
+                   weights: TTFTWeights) -> float:
+    """Seconds until ``need`` KV tokens fit next to the ``kv_tokens`` booked by ``requests``
+    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room)."""
+    deficit = kv_tokens + need - capacity
+    if deficit <= 0 or kv_tokens <= 0:
+        return 0.0
+    lifetime = max(1.0, max_tokens / 2) * (weights.decode_step_s + weights.decode_interference_s * requests)
+    return lifetime * min(1.0, deficit / kv_tokens)
+
+
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     uncached = req.prompt_tokens - view.expected_cached_tokens(req)
+    load = view.load
     return TTFTTerms(
-        queue_s=view.load.prefill_tokens / rate,
+        queue_s=load.prefill_tokens / rate,
         prefill_s=prefill_seconds(uncached, req.prompt_tokens, rate, weights),
-        interference_s=weights.decode_interference_s * view.load.requests,
+        interference_s=weights.decode_interference_s * load.requests,
         uncached_tokens=round(uncached),
+        admission_s=admission_wait(load.kv_tokens, load.requests, uncached + req.max_tokens,
+                                   view.candidate.cache_tokens, req.max_tokens, weights),
     )

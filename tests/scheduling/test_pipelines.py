@@ -120,10 +120,12 @@ def test_load_blind_pickers_make_a_policy_not_revisable():
 
 def test_ttft_scorer_inlined_estimate_equals_the_cost_model():
     rng = random.Random(11)
-    weights = TTFTWeights(attention_s_per_token2=3e-9, request_overhead_s=0.01, decode_interference_s=0.004)
+    weights = TTFTWeights(attention_s_per_token2=3e-9, request_overhead_s=0.01, decode_interference_s=0.004,
+                          decode_step_s=0.02)
     scorer = TTFTScorer(weights)
     for _ in range(300):
-        cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0])) for i in range(4)]
+        cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0]),
+                           cache_tokens=rng.choice([500_000, 40_000, 4_000])) for i in range(4)]  # some wait for KV room
         blocks = rng.randrange(0, 300)
         r = RouteRequest("r", tuple(range(blocks)), blocks * 64 + rng.randrange(-63, 64) if blocks else rng.randrange(50),
                          rng.randrange(1, 512), 64)
