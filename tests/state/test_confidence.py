@@ -63,7 +63,7 @@ async def test_the_snapshot_carries_the_confidence_and_the_ttft_estimate_uses_it
     store.book(Booking.single("x", "a", 0, 0, prefix))
     store.book(Booking.single("y", "b", 0, 0, prefix))
     for n in range(4):  # a's cache churns with other prefixes, b's does not
-        store.book(Booking.single(f"z{n}", "a", 0, 0, list(range(100 * (n + 1), 100 * (n + 1) + 10))))
+        store.book(Booking.single(f"z{n}", "a", 0, 0, list(range(100 * (n + 1), 100 * (n + 1) + 11))))
     snap = await store.snapshot(prefix, ["a", "b"])
     assert snap.matched == {"a": 16, "b": 16}
     assert snap.confidence["b"] == 1.0 and snap.confidence["a"] < 1.0
