@@ -109,4 +109,6 @@ async def decide(
             prefilling = decision.prefill or decision.instance
             cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
             metrics.cached_ratio.labels(prefilling).observe(cached / req.prompt_tokens)
+            metrics.predicted_cached.labels(prefilling).inc(cached * snap.confidence.get(prefilling, 1.0))
+            metrics.routed_prompt.labels(prefilling).inc(req.prompt_tokens)
     return Routed(booking, decision, snap, started)
