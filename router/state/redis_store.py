@@ -254,7 +254,7 @@ class RedisStore(StateStore):
                 loads[inst] = Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
                                    max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers),
                                    max(own.transfer_bytes, other.transfer_bytes))
-        return Snapshot(snap.matched, loads)
+        return Snapshot(snap.matched, loads, snap.confidence)
 
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
         local = self._merged(self._mirror.snapshot_now(keys, instances), self._remote)
@@ -279,7 +279,9 @@ class RedisStore(StateStore):
             if depth:
                 self._mirror.record_residency(inst, keys[:depth])
         own = self._mirror.snapshot_now((), instances)
-        fresh = self._merged(Snapshot(shared.matched, own.loads), shared.loads, minus=booking)
+        # Confidence (LRU position) comes from this replica's mirror as it stood before the
+        # decision touched it; an instance the mirror knows nothing of counts 1.0.
+        fresh = self._merged(Snapshot(shared.matched, own.loads, local.confidence), shared.loads, minus=booking)
         revised = choose.revise(fresh, booking)
         if revised is not None:
             booking = await self._move(booking, revised, shared, local)

@@ -70,3 +70,26 @@ async def test_the_snapshot_carries_the_confidence_and_the_ttft_estimate_uses_it
     policy = build_policy(PolicyConfig(name="ttft"), rng=random.Random(0))
     d = policy.choose(RouteRequest("r", tuple(prefix), 1024, 16, 64), [Candidate("a"), Candidate("b")], snap)
     assert d.instance == "b"  # the same match, more likely still there
+
+
+async def test_both_stores_give_decisions_the_lru_confidence(make_store):
+    # a's cache (cap 40) churns with another prefix after it got this one, which now sits
+    # at the old end of its LRU; both stores' decisions see a's match at lower confidence
+    # (Redis: from the replica's local mirror, at no extra round trip).
+    from state.test_contract import GreedyChooser  # type: ignore[import-not-found]
+
+    store = await make_store({"a": 40, "b": 40})
+    prefix = [1, 2]
+    await store.decide(prefix, ["a"], GreedyChooser("x", prefix, only="a"))
+    other = list(range(100, 137))
+    await store.decide(other, ["a"], GreedyChooser("z", other, only="a"))
+    seen: list[dict[str, float]] = []
+
+    class Spy(GreedyChooser):
+        def __call__(self, snap):
+            seen.append(dict(snap.confidence))
+            return super().__call__(snap)
+
+    snap, _ = await store.decide(prefix, ["a", "b"], Spy("r", prefix, only="a"))
+    assert snap.matched["a"] == 2
+    assert 0.0 < seen[0]["a"] < 1.0 and 0.0 < snap.confidence["a"] < 1.0
