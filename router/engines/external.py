@@ -49,7 +49,8 @@ def external_load(reading: EngineReading, booked: Load, capacity_tokens: int) ->
 
 
 def add_loads(snap: Snapshot, extra: Mapping[str, Load]) -> Snapshot:
-    """``snap`` with ``extra`` added to the loads of the instances it names."""
+    """``snap`` with ``extra`` added to the loads of the instances it names (every field;
+    the residency confidence is kept)."""
     loads = dict(snap.loads)
     for instance, more in extra.items():
         if instance not in loads:
@@ -60,8 +61,9 @@ def add_loads(snap: Snapshot, extra: Mapping[str, Load]) -> Snapshot:
             old.prefill_tokens + more.prefill_tokens,
             old.kv_tokens + more.kv_tokens,
             old.transfers + more.transfers,
+            old.transfer_bytes + more.transfer_bytes,
         )
-    return Snapshot(snap.matched, loads)
+    return Snapshot(snap.matched, loads, snap.confidence)
 
 
 class ExternalLoadPolicy:
