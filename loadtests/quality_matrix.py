@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         note = (f"{len(cells)} cells replayed ({requests} requests each, {ENGINES_NOTE}); {len(live)} live "
                 f"({live_seconds:g} s of arrivals per router at ~{args.live_rate:g} req/s wall, emulator time slowed to fit; "
-                "TTFT in emulated seconds). Seed {args.seed}: engine profile, step-time slowdown (0.5-2x), cache size "
+                f"TTFT in emulated seconds). Seed {args.seed}: engine profile, step-time slowdown (0.5-2x), cache size "
                 "(from the measured hot set and the pressure) and arrival rate (40-80% of the cluster's prefill capacity "
                 "for a perfect router) are drawn per cell. Replay peers: `sglang_cache_aware` is the cache_aware rule of "
                 "sglang-router and vllm-router; `gap closed` is (best baseline - policy) / (best baseline - bound) on p90. "

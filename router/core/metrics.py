@@ -92,6 +92,16 @@ class Metrics:
             buckets=(0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
             registry=r,
         )
+        # Token-weighted, so increase(predicted) / increase(prompt) is the hit ratio the router
+        # expects, to compare with pd_router_engine_prefix_cache_hit_ratio (what the engine measured).
+        self.predicted_cached = Counter(
+            "pd_router_predicted_cached_tokens", "Prompt tokens the router expected the prefilling engine to have "
+            "cached (matched blocks x residency confidence)", ["engine"], registry=r,
+        )
+        self.routed_prompt = Counter(
+            "pd_router_routed_prompt_tokens", "Prompt tokens routed to the engine that prefills them (router's count)",
+            ["engine"], registry=r,
+        )
         self.inflight = Gauge("pd_router_inflight_requests", "Requests in flight per engine", ["engine"],
                               multiprocess_mode="livesum", registry=r)
         # Set by whichever worker answers a scrape, from its own health view: the latest wins.

@@ -26,6 +26,29 @@ class EngineEntry:
     external: Load = _IDLE
     scrape_errors: int = 0
     facts_errors: int = 0
+    # Prefix-cache counters summed over positive deltas between scrapes since the router
+    # first read the engine: an engine restart resets its counters, which must not read as
+    # negative traffic, and what the engine did before the router watched does not count.
+    hit_tokens_seen: float = 0.0
+    queried_tokens_seen: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """The engine's own prefix-cache hit ratio over the tokens it looked up while watched."""
+        return self.hit_tokens_seen / self.queried_tokens_seen if self.queried_tokens_seen > 0 else None
+
+    def count_hits(self, old: EngineReading | None, new: EngineReading) -> None:
+        if old is None or new.hit_tokens is None or old.hit_tokens is None:
+            return
+        queried_new = new.queried_tokens if new.queried_tokens is not None else new.prompt_tokens
+        queried_old = old.queried_tokens if old.queried_tokens is not None else old.prompt_tokens
+        if queried_new is None or queried_old is None:
+            return
+        hits, queried = new.hit_tokens - old.hit_tokens, queried_new - queried_old
+        if hits < 0 or queried < 0 or hits > queried:  # a restart (or an inconsistent pair): skip this interval
+            return
+        self.hit_tokens_seen += hits
+        self.queried_tokens_seen += queried
 
 
 class EngineBook:
@@ -55,6 +78,7 @@ class EngineBook:
     def record_reading(self, instance: str, reading: EngineReading, external: Load) -> None:
         entry = self.entry(instance)
         now = self._clock()
+        entry.count_hits(entry.reading, reading)
         entry.reading, entry.read_at, entry.external = reading, now, external
         if external == _IDLE:
             self._external.pop(instance, None)
@@ -97,6 +121,7 @@ class EngineBook:
             "kv_dtype": facts.kv_dtype,
             "reading": asdict(entry.reading) if entry.reading is not None else None,
             "external_load": asdict(entry.external),
+            "prefix_cache_hit_ratio": entry.hit_ratio,
             "scrape_errors": entry.scrape_errors,
             "facts_errors": entry.facts_errors,
         }

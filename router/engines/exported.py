@@ -33,12 +33,19 @@ class EngineCollector(Collector):
         hits = GaugeMetricFamily("pd_router_engine_prefix_cache_hit_tokens",
                                  "Prompt tokens the engine served from its prefix cache (its counter, as last read)",
                                  labels=["engine"])
+        hit_ratio = GaugeMetricFamily("pd_router_engine_prefix_cache_hit_ratio",
+                                      "The engine's prefix-cache hit ratio (hit / queried tokens, from its counters' "
+                                      "deltas) since the router started reading it; compare with "
+                                      "pd_router_predicted_cached_tokens / pd_router_routed_prompt_tokens",
+                                      labels=["engine"])
         capacity = GaugeMetricFamily("pd_router_engine_cache_capacity_tokens", "KV cache capacity the engine reported",
                                      labels=["engine"])
         errors = CounterMetricFamily("pd_router_engine_scrape_errors", "Failed reads of an engine's /metrics",
                                      labels=["engine"])
         for instance, entry in self._book.items():
             errors.add_metric([instance], entry.scrape_errors)
+            if entry.hit_ratio is not None:
+                hit_ratio.add_metric([instance], entry.hit_ratio)
             if entry.facts.capacity_tokens is not None:
                 capacity.add_metric([instance], entry.facts.capacity_tokens)
             r = entry.reading
@@ -58,4 +65,4 @@ class EngineCollector(Collector):
             for kind, value in (("requests", ext.requests), ("prefill_tokens", ext.prefill_tokens),
                                 ("kv_tokens", ext.kv_tokens)):
                 external.add_metric([instance, kind], value)
-        yield from (reported, usage, external, queried, hits, capacity, errors)
+        yield from (reported, usage, external, queried, hits, hit_ratio, capacity, errors)

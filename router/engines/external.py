@@ -50,7 +50,8 @@ def external_load(reading: EngineReading, booked: Load, capacity_tokens: int) ->
 
 
 def add_loads(snap: Snapshot, extra: Mapping[str, Load]) -> Snapshot:
-    """``snap`` with ``extra`` added to the loads of the instances it names."""
+    """``snap`` with ``extra`` added to the loads of the instances it names (every field;
+    the residency confidence is kept)."""
     loads = dict(snap.loads)
     for instance, more in extra.items():
         if instance not in loads:

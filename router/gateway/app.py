@@ -233,7 +233,6 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
         ids = [i.id for i in pool]
         snap = await store.snapshot([], ids)
         unpairable = pool.compat_report()
-        calibrator = service(request).calibrator
         return {
             "policy": service(request).policy.name,
             "disaggregated": pool.disaggregated,
@@ -241,7 +240,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
             "instances": [
                 {"id": i.id, "url": i.url, "role": i.config.role, "flavor": i.config.flavor, "healthy": i.healthy,
                  "compat": dict(zip(("model", "kv_dtype", "block_size", "flavor"), i.config.compat)),
-                 "unpairable": unpairable.get(i.id), "calibration_factor": calibrator.factor(i.id),
+                 "unpairable": unpairable.get(i.id), "calibration_factor": i.factor,
                  "prefill_tokens_per_s": i.candidate.prefill_tokens_per_s,
                  "load": dataclasses.asdict(snap.loads[i.id]), "engine": book.describe(i.id)}
                 for i in pool

@@ -12,7 +12,7 @@ import logging
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
 from router.request.lifecycle import Abandon, Attempt, Hook
-from router.scheduling.calibration import Calibrator
+from router.scheduling.calibration import Calibrator, calibration_key
 from router.scheduling.decide import Routed
 from router.state.base import StateStore
 from router.upstream.relay import Outcome
@@ -44,6 +44,23 @@ class CalibrationHook(Hook):
 
     def __init__(self, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> None:
         self.calibrator, self.pool, self.metrics = calibrator, pool, metrics
+        self._members: dict[str, list[str]] = {}  # calibration key -> instance ids, for pool.version
+        self._version = -1
+        self._applied: dict[str, float] = {}  # instance -> the factor its rate was last scaled by
+
+    def _key(self, instance: str) -> str:
+        inst = self.pool.get(instance)
+        declared = inst.declared or inst.config
+        return calibration_key(self.calibrator.scope, instance, inst.config.model, declared.prefill_tokens_per_s)
+
+    def _instances_of(self, key: str) -> list[str]:
+        if self._version != self.pool.version:
+            members: dict[str, list[str]] = {}
+            for inst in self.pool:
+                members.setdefault(self._key(inst.id), []).append(inst.id)
+            self._members, self._version = members, self.pool.version
+            self._applied = {i: f for i, f in self._applied.items() if i in self.pool}  # bounded by the pool
+        return self._members.get(key, [])
 
     async def first_byte(self, attempt: Attempt) -> None:
         routed = attempt.routed
@@ -68,13 +85,22 @@ class CalibrationHook(Hook):
         if estimate <= 0:
             return
         self.metrics.estimate_ratio.labels(mode).observe(actual_s / estimate)
-        factor = self.calibrator.observe(instance, estimate, actual_s)
-        changed = self.calibrator.relax()  # factors of instances no traffic re-measures fade toward 1.0
+        if instance not in self.pool:
+            return
+        key = self._key(instance)
+        factor = self.calibrator.observe(key, estimate, actual_s)
+        changed = self.calibrator.relax()  # factors no traffic re-measures fade toward 1.0
         if factor is not None:
-            changed[instance] = factor
-        for name, value in changed.items():
-            self.pool.calibrate(name, value)
-            self.metrics.calibration.labels(name).set(value)
+            changed[key] = factor
+        for changed_key, value in changed.items():
+            for name in self._instances_of(changed_key):
+                # A shared factor moves on every member's measurement: rescale a member's
+                # rate only when it moved by 1% or more (a pool of hundreds stays cheap).
+                if abs(value / self._applied.get(name, 1.0) - 1.0) < 0.01 and value != 1.0:
+                    continue
+                self._applied[name] = value
+                self.pool.calibrate(name, value)
+                self.metrics.calibration.labels(name).set(value)
 
 
 class MetricsHook(Hook):

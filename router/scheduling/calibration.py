@@ -10,6 +10,14 @@ Two rules keep the beliefs self-correcting:
 * Warm-up: an instance's first ``warmup`` observations are averaged (the n-th with weight
   1/n), so a default rate that is 2.5x wrong is corrected by the first measurement instead
   of the EWMA's dozens, and a slow first request is averaged away by the next few.
+* Scope: by default one factor is shared by every instance that declares the same model
+  and prefill rate (``scope: pool``): such instances run the same hardware, and a
+  per-instance factor fitted to a handful of noisy TTFTs (a queue the estimate
+  misjudged, a decode batch it did not see) makes identical engines look 30% apart,
+  which the TTFT policy then acts on — in replays that noise cost more p90 TTFT than
+  the wrong default rate it corrected. Pooled, every member's measurement corrects the
+  group at once. ``scope: instance`` keeps one factor per instance (a pool of mixed
+  hardware that declares no rates).
 * Staleness: a factor is only as good as its last measurement. One that has not been
   re-measured for ``stale_after_s`` relaxes toward 1.0 (the configured rate) with
   ``relax_half_life_s``. A factor high enough to keep all traffic away from an instance
@@ -29,6 +37,13 @@ from router.config.model import CalibrationConfig
 _SETTLED = 0.01  # a relaxed factor this close to 1.0 is dropped: the prior again
 
 
+def calibration_key(scope: str, instance: str, model: str | None, declared_rate: float | None) -> str:
+    """What one factor is kept for: the instance, or its group (same model, same declared rate)."""
+    if scope == "instance":
+        return instance
+    return f"{model or '*'}@{declared_rate or 'default'}"
+
+
 class Calibrator:
     def __init__(self, config: CalibrationConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
@@ -37,8 +52,13 @@ class Calibrator:
         self._observed: dict[str, int] = {}  # observations folded in, per instance
         self._measured_at: dict[str, float] = {}  # when each factor was last measured (or relaxed)
 
-    def factor(self, instance: str) -> float:
-        return self.factors.get(instance, 1.0)
+    @property
+    def scope(self) -> str:
+        return self._config.scope
+
+    def factor(self, key: str) -> float:
+        """The factor of an instance or group key (calibration_key), 1.0 when unmeasured."""
+        return self.factors.get(key, 1.0)
 
     def observe(self, instance: str, estimated_s: float, actual_s: float) -> float | None:
         """Fold one measurement in; return the new factor (None when nothing changed)."""

@@ -1,10 +1,11 @@
 """TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
 
-    ttft = queue + prefill + interference
+    ttft = queue + prefill + interference + admission
     queue        = (booked prefill ahead - what its head has run) / rate
                    + others' work sharing the step of the last chunk (chunked prefill)
     prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
     interference = per-request delay * requests in flight (decode steps share the GPU)
+    admission    = wait for KV room: the deficit over the rate running requests free KV
 
 The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
@@ -12,6 +13,14 @@ instance when declared (or calibrated), else the configured default. Cached toke
 the expected ones: the matched run times the confidence that the engine still holds it.
 With a shared KV store, the prefill is the cheaper of computing what the instance lacks and
 loading what the store holds while computing the rest (store_cost.py).
+
+Why admission: an engine admits a request only when its KV cache has room for it, so on
+an instance whose booked KV (prompt + output of the requests in flight, less the prefix
+each found cached) is full, the request waits for running requests to finish however
+short its prefill queue is. Without this term a pool of small caches looks idle to the
+estimate while least-loaded routing (which spreads KV by spreading requests) wins. Each
+running request holds ``kv / requests`` tokens and is taken to end after about half this
+request's output in decode steps; the deficit is what must be freed (at most all of it).
 """
 
 from __future__ import annotations
@@ -29,10 +38,11 @@ class TTFTTerms:
     prefill_s: float
     interference_s: float
     uncached_tokens: int
+    admission_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.queue_s + self.prefill_s + self.interference_s
+        return self.queue_s + self.prefill_s + self.interference_s + self.admission_s
 
 
 def prefill_seconds(uncached: float, prompt: int, rate: float, weights: TTFTWeights) -> float:
@@ -87,6 +97,16 @@ def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:
     room = -through % chunk
     return room if room < ahead else ahead
 
+def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, max_tokens: int,
+                   weights: TTFTWeights) -> float:
+    """Seconds until ``need`` KV tokens fit next to the ``kv_tokens`` booked by ``requests``
+    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room)."""
+    deficit = kv_tokens + need - capacity
+    if deficit <= 0 or kv_tokens <= 0:
+        return 0.0
+    lifetime = max(1.0, max_tokens / 2) * (weights.decode_step_s + weights.decode_interference_s * requests)
+    return lifetime * min(1.0, deficit / kv_tokens)
+
 
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
@@ -96,10 +116,13 @@ def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTT
     else:
         prefill_s, cached = with_store(req, view, cached, rate, weights)
     uncached = req.prompt_tokens - cached
+    load = view.load
     queue = queued_seconds(view, rate)
     return TTFTTerms(
         queue_s=queue + shared_step_tokens(queue * rate, uncached, weights.prefill_chunk_tokens) / rate,
         prefill_s=prefill_s,
-        interference_s=weights.decode_interference_s * view.load.requests,
+        interference_s=weights.decode_interference_s * load.requests,
         uncached_tokens=round(uncached),
+        admission_s=admission_wait(load.kv_tokens, load.requests, uncached + req.max_tokens,
+                                   view.candidate.cache_tokens, req.max_tokens, weights),
     )

@@ -16,16 +16,26 @@ from router.state.store_tier import StoreTier
 
 
 def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:
-    """Legs of a decision: the answering instance first, then a remote prefill (transient)."""
+    """Legs of a decision: the answering instance first, then a remote prefill (transient).
+
+    KV booked on an instance that prefills locally is what the request adds to its cache:
+    the prefix it finds there is shared with whoever else holds it, as engines share
+    cached blocks, so booking the whole prompt per request would count one tenant's
+    prefix once per request in flight and make its home look full. A decode instance fed
+    by a remote prefill books the whole prompt it receives."""
     kv = req.prompt_tokens + req.max_tokens
+
+    def uncached(instance: str) -> int:
+        return req.prompt_tokens - min(req.prompt_tokens, snap.matched.get(instance, 0) * req.block_tokens)
 
     def queued(instance: str) -> int:
         if decision.prefill_work is not None:  # the policy priced the prefill, attention included
             return decision.prefill_work
-        return req.prompt_tokens - min(req.prompt_tokens, snap.matched.get(instance, 0) * req.block_tokens)
+        return uncached(instance)
 
     if decision.prefill is None:
-        return Booking.single(req.id, decision.instance, queued(decision.instance), kv, req.keys)
+        own = uncached(decision.instance) + req.max_tokens
+        return Booking.single(req.id, decision.instance, queued(decision.instance), own, req.keys)
     terms = decision.terms.get(route_key(decision.instance, decision.prefill)) or {}
     nbytes = int(terms.get("transfer_bytes", 0))  # booked per NIC: both ends carry them
     legs = (Leg(decision.instance, 0, kv, 1, nbytes),
@@ -126,4 +136,6 @@ async def decide(
             prefilling = decision.prefill or decision.instance
             cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
             metrics.child("cached_ratio", prefilling).observe(cached / req.prompt_tokens)
+            metrics.child("predicted_cached", prefilling).inc(cached * snap.confidence.get(prefilling, 1.0))
+            metrics.child("routed_prompt", prefilling).inc(req.prompt_tokens)
     return Routed(booking, decision, snap, started)

@@ -86,7 +86,8 @@ class TTFTScorer:
     def terms(self, req: RouteRequest, route: View) -> dict[str, float]:
         t = colocated_ttft(req, route.prefilling, self._weights)
         return {"ttft_s": t.total_s, "queue_s": t.queue_s, "prefill_s": t.prefill_s,
-                "interference_s": t.interference_s, "uncached_tokens": float(t.uncached_tokens)}
+                "interference_s": t.interference_s, "admission_s": t.admission_s,
+                "uncached_tokens": float(t.uncached_tokens)}
 
     def estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         w = self._weights
@@ -95,8 +96,9 @@ class TTFTScorer:
         default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
         chunk = w.prefill_chunk_tokens
-        prompt, block = req.prompt_tokens, req.block_tokens
+        prompt, block, output = req.prompt_tokens, req.block_tokens, req.max_tokens
         full = attention * prompt * prompt / 2
+        steps = max(1.0, output / 2)
         out = []
         for cand, matched, load, prefill, _, conf in routes:
             if prefill is not None:
@@ -113,13 +115,17 @@ class TTFTScorer:
                     queued += (room if room < ahead else ahead) / rate
             else:
                 queued = 0.0
-            out.append(
-                queued
-                + (prompt - cached) / rate
-                + overhead
-                + full - attention * cached * cached / 2
-                + interference * load.requests
-            )
+            est = (queued
+                   + (prompt - cached) / rate
+                   + overhead
+                   + full - attention * cached * cached / 2
+                   + interference * load.requests)
+            kv = load.kv_tokens
+            if kv:  # cost.admission_wait, inlined
+                deficit = kv + prompt - cached + output - cand.cache_tokens
+                if deficit > 0:
+                    est += steps * (w.decode_step_s + interference * load.requests) * (deficit / kv if deficit < kv else 1.0)
+            out.append(est)
         return out
 
     def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:

@@ -275,7 +275,9 @@ class RedisStore(StateStore):
         if missed and widen is not None:
             considered += widen(missed)
         own = self._mirror.snapshot_now((), considered)
-        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads)
+        # Confidence (LRU position) comes from this replica's mirror as it stood before the
+        # decision touched it; an instance the mirror knows nothing of counts 1.0.
+        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads, local.confidence)
         fresh = self._merged_view(shared, minus=booking)
         if fresh.matched == local.matched and fresh.loads == local.loads:
             return self._keep(booking, fresh)  # the shared view is the one chosen on: nothing to revise
@@ -304,7 +306,7 @@ class RedisStore(StateStore):
                            max(0, own.transfer_bytes - leg.transfer_bytes))
             other = remote.get(inst, _IDLE)
             loads[inst] = own if other is _IDLE or other == own else merged(own, other)
-        return Snapshot(snap.matched, loads)  # no confidence: the shared view has none to compare with
+        return Snapshot(snap.matched, loads, snap.confidence)  # confidence: this replica's mirror's (LRU position)
 
     async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the

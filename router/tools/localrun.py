@@ -118,6 +118,7 @@ def router_config(engines: Sequence[Engine], policy: str, *, profile: str = "lla
             "attention_s_per_token2": timing["attention_s_per_token2"],
             "request_overhead_s": timing["request_overhead_s"],
             "decode_interference_s": timing["decode_step_per_request_s"],
+            "decode_step_s": timing["decode_step_base_s"],
         }},
         "pd": {
             "kv_bytes_per_token": prof.kv_bytes_per_token,

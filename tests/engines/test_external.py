@@ -85,3 +85,9 @@ def test_stale_or_failed_readings_stop_counting() -> None:
     assert book.external_loads() == {} and book.entry("a").reading is not None
     book.retain(["b"])
     assert book.facts("a") is None and book.facts("b") is not None
+
+
+def test_add_loads_keeps_the_confidence_and_the_bytes_in_flight() -> None:
+    snap = Snapshot({"a": 4}, {"a": Load(1, 10, 100, 1, 5000)}, {"a": 0.25})
+    out = add_loads(snap, {"a": Load(1, 0, 50, 0, 0)})
+    assert out.confidence == {"a": 0.25} and out.loads["a"] == Load(2, 10, 150, 1, 5000)

@@ -15,6 +15,7 @@ import pytest
 from router.config.model import RouterConfig, load_config
 from router.core.instances import InstancePool
 from router.engines.book import EngineBook
+from router.engines.exported import EngineCollector
 from router.engines.poller import EnginePoller
 from router.state.base import Booking
 from router.state.memory import MemoryStore
@@ -171,3 +172,37 @@ async def test_oversized_answers_are_dropped(emulators, rig_for, caplog) -> None
         await rig.poller.poll_all()
     assert rig.book.entry("e").reading is None and rig.book.entry("e").scrape_errors == 2
     assert sum("more than 4096 bytes" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_the_engines_own_hit_ratio_comes_from_its_counter_deltas(emulators, rig_for) -> None:
+    emu = emulate(emulators)
+    rig = rig_for([{"url": emu.url, "name": "e"}])
+    prompt = " ".join(f"w{i}" for i in range(600))
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        await client.post(emu.url + "/v1/completions", json={"model": "m", "prompt": "warm up", "max_tokens": 1})
+        await rig.poller.poll_all()  # what the engine did before this scrape does not count
+        for _ in range(2):  # the second finds the first's blocks cached
+            r = await client.post(emu.url + "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 1})
+            assert r.status_code == 200
+        await rig.poller.poll_all()
+        stats = (await client.get(emu.url + "/emulator/stats")).json()
+    entry = rig.book.entry("e")
+    assert entry.hit_ratio is not None and 0.4 < entry.hit_ratio < 0.5  # all but the last block of one of two
+    assert entry.hit_tokens_seen <= stats["tokens"]["cached"]
+    exported = {(s.name, s.labels.get("engine")): s.value for m in EngineCollector(rig.book).collect() for s in m.samples}
+    assert exported[("pd_router_engine_prefix_cache_hit_ratio", "e")] == entry.hit_ratio
+
+
+def test_an_engine_restart_does_not_count_as_negative_hits() -> None:
+    from router.engines.book import EngineEntry
+    from router.engines.readings import EngineReading
+
+    entry = EngineEntry()
+    first, second = EngineReading(queried_tokens=1000, hit_tokens=400), EngineReading(queried_tokens=2000, hit_tokens=1200)
+    restarted = EngineReading(queried_tokens=100, hit_tokens=0)
+    entry.count_hits(None, first)
+    entry.count_hits(first, second)
+    entry.count_hits(second, restarted)  # counters reset: this interval is skipped
+    entry.count_hits(restarted, EngineReading(queried_tokens=300, hit_tokens=200))
+    assert (entry.hit_tokens_seen, entry.queried_tokens_seen) == (1000, 1200)
+    assert entry.hit_ratio == 1000 / 1200

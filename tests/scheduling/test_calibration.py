@@ -108,3 +108,52 @@ def test_relaxation_un_starves_an_instance_a_stale_factor_kept_away():
             chosen_b_at = second
             break
     assert chosen_b_at is not None and chosen_b_at < 60
+
+
+# -- scope: one factor per group of like instances, or per instance ------------------------
+
+def _hook(scope: str, instances: list[dict[str, object]]) -> tuple[object, InstancePool]:
+    from router.core.metrics import Metrics
+    from router.request.hooks import CalibrationHook
+
+    config = RouterConfig(instances=instances, calibration={"scope": scope, "min_estimate_s": 0.0, "warmup": 8})
+    pool = InstancePool(config)
+    return CalibrationHook(Calibrator(config.calibration), pool, Metrics()), pool
+
+
+def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: float, actual_s: float) -> None:
+    import asyncio
+
+    from router.request.lifecycle import Attempt
+    from router.scheduling.decide import Routed
+    from router.scheduling.framework import Decision
+    from router.state.base import Booking, Snapshot
+
+    decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s)
+    routed = Routed(Booking.single("r", instance, 0, 0), decision, Snapshot({}, {}), 0.0)
+    attempt = Attempt("r", routed, pool.get(instance), streaming=True, first_byte_s=actual_s)
+    asyncio.run(hook.first_byte(attempt))  # type: ignore[attr-defined]
+
+
+def test_pool_scope_shares_one_factor_between_like_instances():
+    like = [{"url": f"http://{n}:1", "name": n, "model": "m"} for n in ("a", "b")]
+    hook, pool = _hook("pool", [*like, {"url": "http://c:1", "name": "c", "model": "m", "prefill_tokens_per_s": 30000}])
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=2.0)  # only a was measured: the default rate is 2x off
+    assert pool.get("a").factor == pool.get("b").factor == 2.0
+    assert pool.get("b").candidate.prefill_tokens_per_s == RouterConfig().policy.ttft.prefill_tokens_per_s / 2
+    assert pool.get("c").factor == 1.0  # it declared its own rate: another group
+
+
+def test_instance_scope_keeps_a_factor_per_instance():
+    hook, pool = _hook("instance", [{"url": f"http://{n}:1", "name": n} for n in ("a", "b")])
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=2.0)
+    assert pool.get("a").factor == 2.0 and pool.get("b").factor == 1.0
+
+
+def test_calibration_key_groups_by_model_and_declared_rate():
+    from router.scheduling.calibration import calibration_key
+
+    assert calibration_key("pool", "a", "m", None) == calibration_key("pool", "b", "m", None)
+    assert calibration_key("pool", "a", "m", None) != calibration_key("pool", "a", "m2", None)
+    assert calibration_key("pool", "a", "m", 1000.0) != calibration_key("pool", "a", "m", None)
+    assert calibration_key("instance", "a", "m", None) == "a"

@@ -55,10 +55,10 @@ def test_the_readme_pipeline_sums_weighted_scores_after_its_filter(tmp_path):
     config = load_config(path)
     assert config.policy.name == "custom" and config.policy.preset is None
     pol = build_policy(config.policy, rng=random.Random(1))
-    loads = {"a": Load(1, 4000, 50_000), "b": Load(1, 0, 0), "c": Load(9, 2000, 0)}
+    loads = {"a": Load(1, 4000, 50_000), "b": Load(1, 0, 0), "c": Load(30, 2000, 0)}
     d = pol.choose(req(), CANDS, snap({"a": 10, "b": 5}, loads))
     assert d.filtered == {"c": "bounded_load"} and d.reason == "score after bounded_load"
-    # a: 3*1.0 + 2*0 + 2*0.5 = 4.0; b: 3*0.5 + 2*1 + 2*1 = 5.5 (c dropped: 9 requests of 11)
+    # a: 3*1.0 + 2*0 + 2*0.5 = 4.0; b: 3*0.5 + 2*1 + 2*1 = 5.5 (c dropped: 31 requests > 2x the mean of 11)
     assert d.scores == pytest.approx({"a": 4.0, "b": 5.5}) and d.instance == "b"
     assert d.plugin_scores["a"] == pytest.approx({"prefix": 1.0, "queue": 0.0, "kv": 0.5})
     assert pol.describe()["scorers"][0] == {"name": "prefix", "weight": 3.0, "params": {}}
@@ -120,10 +120,12 @@ def test_load_blind_pickers_make_a_policy_not_revisable():
 
 def test_ttft_scorer_inlined_estimate_equals_the_cost_model():
     rng = random.Random(11)
-    weights = TTFTWeights(attention_s_per_token2=3e-9, request_overhead_s=0.01, decode_interference_s=0.004)
+    weights = TTFTWeights(attention_s_per_token2=3e-9, request_overhead_s=0.01, decode_interference_s=0.004,
+                          decode_step_s=0.02)
     scorer = TTFTScorer(weights)
     for _ in range(300):
-        cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0])) for i in range(4)]
+        cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0]),
+                           cache_tokens=rng.choice([500_000, 40_000, 4_000])) for i in range(4)]  # some wait for KV room
         blocks = rng.randrange(0, 300)
         r = RouteRequest("r", tuple(range(blocks)), blocks * 64 + rng.randrange(-63, 64) if blocks else rng.randrange(50),
                          rng.randrange(1, 512), 64)

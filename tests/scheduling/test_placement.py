@@ -67,7 +67,7 @@ def test_displacement_zero_is_plain_lowest_ttft():
 
 def test_bounded_load_still_holds_over_the_home():
     # a is the home but already carries far more than its share of requests
-    d = ttft().choose(req(), CANDS, snap(matched={"a": 32}, requests={"a": 9}))
+    d = ttft().choose(req(), CANDS, snap(matched={"a": 32}, requests={"a": 24}))
     assert d.instance != "a" and d.filtered.get("a") == "bounded_load"
 
 

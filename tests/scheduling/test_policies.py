@@ -53,8 +53,8 @@ def test_ttft_ties_go_to_the_prefix_home_not_to_list_order():
 
 
 def test_bounded_load_skips_an_instance_far_above_its_share():
-    # b holds everything and costs nothing to queue on, but already has 6 of 6 requests
-    d = policy("ttft").choose(req(), CANDS, snap(matched={"b": 8}, requests={"b": 6}))
+    # b holds everything and costs nothing to queue on, but already has all 20 requests
+    d = policy("ttft").choose(req(), CANDS, snap(matched={"b": 8}, requests={"b": 20}))
     assert d.instance != "b" and "bounded_load" in d.reason
 
 

@@ -63,7 +63,7 @@ async def test_the_snapshot_carries_the_confidence_and_the_ttft_estimate_uses_it
     store.book(Booking.single("x", "a", 0, 0, prefix))
     store.book(Booking.single("y", "b", 0, 0, prefix))
     for n in range(4):  # a's cache churns with other prefixes, b's does not
-        store.book(Booking.single(f"z{n}", "a", 0, 0, list(range(100 * (n + 1), 100 * (n + 1) + 10))))
+        store.book(Booking.single(f"z{n}", "a", 0, 0, list(range(100 * (n + 1), 100 * (n + 1) + 11))))
     snap = await store.snapshot(prefix, ["a", "b"])
     assert snap.matched == {"a": 16, "b": 16}
     assert snap.confidence["b"] == 1.0 and snap.confidence["a"] < 1.0
@@ -95,3 +95,26 @@ def test_a_held_prefix_extended_keeps_its_head_newest_and_evicts_tail_first():
     assert idx.matched([1, 2, 3, 4], ["a"], now=1) == {"a": 4}
     idx.record("a", [30, 31, 32], cap=6, now=0)  # three go, the deepest of the prefix first
     assert idx.matched([1, 2, 3, 4], ["a"], now=1) == {"a": 1}
+
+
+async def test_both_stores_give_decisions_the_lru_confidence(make_store):
+    # a's cache (cap 40) churns with another prefix after it got this one, which now sits
+    # at the old end of its LRU; both stores' decisions see a's match at lower confidence
+    # (Redis: from the replica's local mirror, at no extra round trip).
+    from state.test_contract import GreedyChooser  # type: ignore[import-not-found]
+
+    store = await make_store({"a": 40, "b": 40})
+    prefix = [1, 2]
+    await store.decide(prefix, ["a"], GreedyChooser("x", prefix, only="a"))
+    other = list(range(100, 137))
+    await store.decide(other, ["a"], GreedyChooser("z", other, only="a"))
+    seen: list[dict[str, float]] = []
+
+    class Spy(GreedyChooser):
+        def __call__(self, snap):
+            seen.append(dict(snap.confidence))
+            return super().__call__(snap)
+
+    snap, _ = await store.decide(prefix, ["a", "b"], Spy("r", prefix, only="a"))
+    assert snap.matched["a"] == 2
+    assert 0.0 < seen[0]["a"] < 1.0 and 0.0 < snap.confidence["a"] < 1.0

@@ -90,9 +90,13 @@ def test_failed_prefill_is_retried_on_another_then_falls_back_to_decode():
             assert httpx.post(f"{url}/v1/completions", json=body(prompt=f"{i} " + PROMPT)).status_code == 200
         metrics = httpx.get(f"{url}/metrics").text
     assert len(good.received) == 4 and all(r["body"]["kv_transfer_params"] == KV for r in d.received)
-    assert len(bad.received) <= 1  # marked down after its failure... or never picked
+    # At most one try per request on the failing prefill, each retried on the other. (Until
+    # the outlier detector ejects it, it stays a candidate: with one calibration factor per
+    # group of like engines, good's fast answers no longer make bad look slow.)
+    assert len(bad.received) <= 4
     if bad.received:
-        assert 'pd_router_pd_failures_total{action="retry_other_prefill",engine="p_bad"} 1.0' in metrics
+        assert (f'pd_router_pd_failures_total{{action="retry_other_prefill",engine="p_bad"}} '
+                f'{float(len(bad.received))}') in metrics
 
     b1, b2, d = FakeBackend("p1", status=503), FakeBackend("p2", status=500), FakeBackend("d")
     with pd_cluster([b1, b2], [d]) as (url, _):

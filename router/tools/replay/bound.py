@@ -3,7 +3,7 @@
 ``bound``: each request alone on an idle engine, with every block any earlier request
 carried already in its cache (an infinite, shared prefix cache and no queue). Its TTFT is
 the emulator's own step times for the prompt's uncached tail, chunked as the engine
-chunks a lone prefill. No policy can beat it on any request: routing can only add a
+chunks a lone prefill, times the cluster's step-time ``slowdown`` as the engines apply it. No policy can beat it on any request: routing can only add a
 queue, a smaller cache or a transfer. (A PD cluster's TTFT also includes the KV transfer,
 which the bound leaves out, so it stays a bound there too.)
 
@@ -55,7 +55,7 @@ def bound_ttfts(trace: Trace, spec: ClusterSpec, hashing: HashingConfig | None =
         seconds = 0.0
         while computed < len(tokens):
             n = min(len(tokens) - computed, budget)
-            seconds += step_time(profile, StepShape(n, attention_pairs(n, computed), computed))
+            seconds += step_time(profile, StepShape(n, attention_pairs(n, computed), computed)) * spec.slowdown
             computed += n
         out.append(seconds)
     return out, cached_total, prompt_total

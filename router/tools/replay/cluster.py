@@ -1,8 +1,12 @@
 """The emulated cluster of a replay: engines built exactly as the HTTP emulator builds
 them, and the ``Candidate`` facts the router would be configured with for each.
 
-What the router is told is configuration, not tuning (and with ``told=False`` nothing:
-the candidates carry the router's defaults, as for a user who wrote only URLs): each candidate's cache size is its
+What the router is told is configuration, not tuning (and with ``told=False`` only what
+a router given nothing but URLs learns by itself: each engine's cache size, which the live
+router reads from the engine's ``vllm:cache_config_info`` (router/engines), and a prefill
+rate that starts at the config default and is calibrated from measured TTFTs, as the live
+router's calibration hook does (sim.py); ``router_cache_tokens`` still overrides the
+size, to model a router told a wrong one): each candidate's cache size is its
 engine's, its prefill rate and the TTFT model's attention and step terms are fitted to the
 profile (``router.tools.localrun.profile_timing``, as for live emulated runs), its KV bytes per
 token the model's at the cluster's KV dtype, and the PD links the replay's. Every instance is
@@ -40,7 +44,7 @@ class ClusterSpec:
     max_num_seqs: int = 256
     router_cache_tokens: int | None = None  # the cache size the router is told; None = the engines' real one
     slowdown: float = 1.0  # every engine step takes this many times the profile's time (the emulator's fault)
-    told: bool = True  # the router is told each engine's cache size and rates; False = its defaults
+    told: bool = True  # the router is told each engine's rates; False = defaults, calibrated (cache size: engine facts)
     flavor: str = "vllm"  # the PD protocol: vllm pulls after prefill, sglang streams during it
     kv_dtype: str = "auto"  # "fp8" halves the KV bytes per token
     transfer_interference: float = 0.1  # steps slow by this fraction while the engine's NIC moves KV
@@ -105,7 +109,8 @@ class ClusterSpec:
         t = profile_timing(self.perf(), self.slowdown)
         return {"prefill_tokens_per_s": t["prefill_tokens_per_s"], "attention_s_per_token2": t["attention_s_per_token2"],
                 "request_overhead_s": t["request_overhead_s"], "decode_interference_s": t["decode_step_per_request_s"],
-                "prefill_chunk_tokens": self.prefill_chunk_tokens}
+                "prefill_chunk_tokens": self.prefill_chunk_tokens,
+                "decode_step_s": t["decode_step_base_s"]}
 
     def pd_config(self) -> PDConfig:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
@@ -148,16 +153,14 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
     emu.validate()
     config = engine_config(emu, profile)
     rate = profile_timing(profile, spec.slowdown)["prefill_tokens_per_s"]  # linear part; attention is its own term
-    defaults = None if spec.told else Candidate("defaults")  # what a router told nothing assumes
     compat = (emu.served_model, emu.kv_dtype, config.block_size, emu.flavor)
     nodes: list[Node] = []
     for role, prefix, count in (("prefill", "p", spec.prefill), ("decode", "d", spec.decode), ("mixed", "m", spec.mixed)):
         for i in range(count):
             candidate = Candidate(
                 id=f"{prefix}{i}",
-                cache_tokens=spec.router_cache_tokens or (
-                    config.num_blocks * config.block_size if defaults is None else defaults.cache_tokens),
-                prefill_tokens_per_s=rate if defaults is None else None,
+                cache_tokens=spec.router_cache_tokens or config.num_blocks * config.block_size,  # engine facts
+                prefill_tokens_per_s=rate if spec.told else None,  # None: the default, calibrated
                 role=role,
                 compat=compat,
                 node=f"n{len(nodes)}",

@@ -37,11 +37,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from router.config.model import HashingConfig, StateConfig
+from router.config.model import HashingConfig, StateConfig, TTFTWeights
 from router.tools.emulator.kvstore import KVStore
 from router.tools.emulator.links import Fabric
 from router.tools.emulator.request import EngineRequest, EventKind, StepOutput
 from router.scheduling.framework import Policy, RouteRequest
+from router.tools.replay.calibrate import ReplayCalibration
 from router.tools.replay.cluster import ClusterSpec, Node, build_cluster
 from router.tools.replay.precise import EngineFeeds, Residency, token_hashing
 from router.tools.replay.prompts import PromptBuilder
@@ -101,6 +102,10 @@ class Simulation:
             hashing = token_hashing(self.nodes[0].engine.config.block_size) if residency == "precise" else HashingConfig()
         self._by_id = {n.id: n for n in self.nodes}
         self._candidates = [n.candidate for n in self.nodes]
+        self.calibration: ReplayCalibration | None = None
+        if not spec.disaggregated:  # calibrate.py: as the live router's calibration hook
+            default_rate = spec.ttft_weights().get("prefill_tokens_per_s", TTFTWeights().prefill_tokens_per_s)
+            self.calibration = ReplayCalibration(self._candidates, model, default_rate, self._clock)
         ttl = residency_ttl_s if residency_ttl_s is not None else StateConfig().residency_ttl_s
         caps = {n.id: max(1, n.candidate.cache_tokens // hashing.block_tokens) for n in self.nodes}
         self.store: StateStore = MemoryStore(caps, ttl, clock=self._clock)
@@ -263,6 +268,9 @@ class Simulation:
             return  # the prefill leg's token never reaches the client; its finish hands off
         if flight.prefill is None:
             self.record.prefilled(flight.index, flight.request.num_cached, flight.request.num_loaded)
+            if self.calibration is not None:
+                arrived = self.trace.requests[flight.index].arrival_s
+                self.calibration.observe(node.id, flight.routed.decision.estimate_s, self.now - arrived)
         self.record.first_token[flight.index] = self.now
         run_sync(self.store.prefill_done(flight.routed.booking))
 

@@ -72,3 +72,10 @@ def test_the_sweep_command_writes_capacities(tmp_path, capsys):
         assert all(float(p90) <= 0.5 for scale, p90 in rows.items() if float(scale) <= cap)
     assert "capacity" in (out / "capacity.md").read_text() and "| ttft |" in capsys.readouterr().out
     assert main(["replay", spec, "--sweep", "1,0"]) == 2
+
+
+def test_the_bound_runs_at_the_engines_step_time_slowdown():
+    trace = generate(WORKLOAD, 2)
+    plain, _, _ = bound_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=60_000))
+    slow, _, _ = bound_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=60_000, slowdown=2.0))
+    assert slow == pytest.approx([2 * t for t in plain], rel=1e-9)

@@ -227,3 +227,17 @@ def test_the_policys_ttft_prediction_is_compared_with_the_outcome():
     blind = replay(mixed_workload(), spec, "round_robin").summary
     assert 0 < ttft["ttft_over_estimate_p50"] <= ttft["ttft_over_estimate_p90"]
     assert blind["ttft_over_estimate_p50"] is None
+
+
+def test_a_router_told_nothing_learns_cache_sizes_and_calibrates_its_default_rate():
+    from router.config.model import TTFTWeights
+
+    trace = generate("multi_turn:sessions=10,turns=3,rate=4,think=1,system=1024,user=300,output=16", 2)
+    spec = ClusterSpec(mixed=2, cache_tokens=60_000, told=False)
+    sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
+    engine_tokens = sim.nodes[0].engine.config.num_blocks * sim.nodes[0].engine.config.block_size
+    assert all(c.cache_tokens == engine_tokens for c in sim._candidates)  # engine facts, as live
+    sim.run()
+    rates = {c.prefill_tokens_per_s for c in sim._candidates}
+    assert len(rates) == 1  # one factor for like engines (calibration.scope: pool)
+    assert rates != {TTFTWeights().prefill_tokens_per_s}  # measured, not the default

@@ -1,0 +1,46 @@
+"""The live router's online calibration, in the replay: measured TTFT against the estimate
+at each first token, folded into a factor that divides the prefill rate.
+
+Live, ``request/hooks.py``'s CalibrationHook does this for every streamed request that
+the instance prefilled itself; the replay does the same with the same ``Calibrator`` and
+the same keys (one factor per group of instances declaring the same model and rate, or per
+instance: ``calibration.scope``), on the virtual clock, so a router that starts from the
+config's default rate (``told=False``) corrects it from measurements as the live one does,
+instead of keeping a belief no live router would keep. Only colocated clusters are
+calibrated here: the PD replay keeps the figures its own benchmarks were built on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from router.config.model import CalibrationConfig
+from router.core.instances import Candidate
+from router.scheduling.calibration import Calibrator, calibration_key
+
+
+class ReplayCalibration:
+    def __init__(self, candidates: list[Candidate], model: str, default_rate: float, clock: Callable[[], float],
+                 config: CalibrationConfig | None = None) -> None:
+        self._candidates = candidates  # the list the replay routes over, updated in place
+        self.calibrator = Calibrator(config or CalibrationConfig(), clock)
+        self._base = {c.id: c.prefill_tokens_per_s or default_rate for c in candidates}
+        self._key = {c.id: calibration_key(self.calibrator.scope, c.id, model, c.prefill_tokens_per_s) for c in candidates}
+
+    def observe(self, instance: str, estimate_s: float | None, actual_s: float) -> None:
+        """One first token: as CalibrationHook._calibrate, then the rates of every instance
+        whose factor moved (its group's, and any stale one relaxing toward 1.0)."""
+        if not estimate_s:
+            return
+        key = self._key[instance]
+        factor = self.calibrator.observe(key, estimate_s, actual_s)
+        changed = self.calibrator.relax()
+        if factor is not None:
+            changed[key] = factor
+        if not changed:
+            return
+        for i, c in enumerate(self._candidates):
+            value = changed.get(self._key[c.id])
+            if value is not None:
+                self._candidates[i] = dataclasses.replace(c, prefill_tokens_per_s=self._base[c.id] / value)
