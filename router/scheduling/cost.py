@@ -76,10 +76,18 @@ def prefill_work(req: RouteRequest, view: View, weights: TTFTWeights) -> int:
 
 
 def queued_seconds(view: View, rate: float) -> float:
-    """The booked prefill ahead at the instance's rate, less what the head of that queue has
-    computed since it started (``Load.prefill_started_s``, at most its own work): a queue
-    whose head is half done is shorter than its bookings say."""
+    """The booked prefill ahead at the instance's rate, less, on a prefill-only instance,
+    what the head of that queue has computed since it started (``Load.prefill_started_s``,
+    at most its own work): a queue whose head is half done is shorter than its bookings say.
+
+    Only there: a prefill-only engine runs its queue first come first served at its prefill
+    rate, while a mixed one interleaves decode steps and chunks of several prompts, and the
+    head's progress at the full (uncalibrated) rate overstates it — on the routing-quality
+    replays the drain on mixed engines made a busy holder look idle (chat/2x/defaults 0.98x
+    -> 1.82x the best peer's p90)."""
     load = view.load
+    if view.candidate.role != "prefill":
+        return load.prefill_tokens / rate
     done = min(load.prefill_started_s, load.prefill_head_tokens / rate)
     return max(0.0, load.prefill_tokens / rate - done)
 

@@ -106,8 +106,10 @@ class TTFTScorer:
             rate = cand.prefill_tokens_per_s or default_rate
             held = matched * block
             cached = (prompt if held > prompt else held) * conf
-            started, head = load.prefill_started_s, load.prefill_head_tokens / rate
-            queued = load.prefill_tokens / rate - (head if head < started else started)
+            queued = load.prefill_tokens / rate
+            if cand.role == "prefill":  # cost.queued_seconds, inlined: the head's progress, prefill-only engines
+                started, head = load.prefill_started_s, load.prefill_head_tokens / rate
+                queued -= head if head < started else started
             if queued > 0.0:
                 if chunk:
                     ahead = queued * rate

@@ -30,9 +30,14 @@ def test_the_last_chunk_shares_its_step_with_what_waits_behind():
     assert shared_step_tokens(10_000, 6_000, 8192) == 384
 
 
-def queue_s(**load) -> float:
-    v = View(Candidate("a"), 0, Load(requests=2, prefill_tokens=8000, **load))
+def queue_s(role: str = "prefill", **load) -> float:
+    v = View(Candidate("a", role=role), 0, Load(requests=2, prefill_tokens=8000, **load))
     return colocated_ttft(RouteRequest("r", (), 100, 16, 16), v, TTFTWeights(prefill_tokens_per_s=8000.0)).queue_s
+
+
+def test_a_mixed_engine_keeps_its_whole_queue():
+    # it interleaves decode steps and several prompts' chunks: the head does not run alone
+    assert queue_s("mixed", prefill_started_s=0.25, prefill_head_tokens=4000) == pytest.approx(1.0)
 
 
 def test_a_started_head_shortens_the_queue_by_at_most_its_own_work():
@@ -47,7 +52,8 @@ def test_the_inlined_estimate_keeps_agreeing_with_the_cost_model():
     rng = random.Random(5)
     scorer = TTFTScorer(W)
     for _ in range(300):
-        views = [View(Candidate(f"i{k}", prefill_tokens_per_s=rng.choice([None, 5000.0, 20000.0])), rng.randint(0, 20),
+        views = [View(Candidate(f"i{k}", prefill_tokens_per_s=rng.choice([None, 5000.0, 20000.0]),
+                                role=rng.choice(["mixed", "prefill"])), rng.randint(0, 20),
                       Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]), prefill_started_s=rng.uniform(0, 2),
                            prefill_head_tokens=rng.randint(0, 20_000)),
                       confidence=rng.uniform(0.3, 1.0)) for k in range(4)]
