@@ -199,6 +199,13 @@ class KVEventIngest:
         self.residency.drop(instance)
         if sub is None:
             return
+        await self._close_subscription(instance, sub)
+        self.sources = [s for s in self.sources if s.spec.instance != instance]
+        log.info("kv events of %s: unsubscribed (the instance left the pool)", instance)
+
+    async def _close_subscription(self, instance: str, sub: _Subscription) -> None:
+        """The departed instance's sockets closed and its bound topics freed (in this process;
+        a sidecar's, in ``router.kvevents.sidecar``)."""
         for task in sub.receivers:
             task.cancel()
         for task in sub.receivers:
@@ -210,8 +217,6 @@ class KVEventIngest:
                 bound = self._bound.get(source.spec.bind)
                 if bound is not None and bound.topics.get(source.spec.topic.encode()) is source:
                     del bound.topics[source.spec.topic.encode()]
-        self.sources = [s for s in self.sources if s.spec.instance != instance]
-        log.info("kv events of %s: unsubscribed (the instance left the pool)", instance)
 
     # -- discovery -----------------------------------------------------------------------
     async def _discover_loop(self) -> None:

@@ -183,19 +183,13 @@ class SidecarIngest(KVEventIngest):
                  if spec.endpoint else f"topic {spec.topic!r} on the bound {spec.bind}")
         return view
 
-    async def remove_instance(self, instance: str) -> None:
-        """As in-process: the sidecar closes the instance's sockets; deltas it sent before it
-        read the command are dropped here (the instance has no subscription any more)."""
-        if self._subs.pop(instance, None) is None:
-            self.residency.drop(instance)
-            return
+    async def _close_subscription(self, instance: str, sub: _Subscription) -> None:
+        """The sidecar closes the instance's sockets; deltas it sent before it read the
+        command are dropped on arrival (the instance has no subscription any more)."""
         for sid, view in list(self._views.items()):
             if view.source.spec.instance == instance:
                 del self._views[sid]
-        self.sources = [s for s in self.sources if s.spec.instance != instance]
         self._send(json_frame(REMOVE, {"instance": instance}))
-        self.residency.drop(instance)
-        log.info("kv events of %s: unsubscribed (the instance left the pool)", instance)
 
     # -- what the sidecar sends ----------------------------------------------------------
     def _readable(self) -> None:

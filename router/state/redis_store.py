@@ -352,10 +352,10 @@ class RedisStore(StateStore):
     async def prefill_done(self, booking: Booking) -> None:
         await self._mirror.prefill_done(booking)
         self._reindex(booking.instances)
-        if booking.id in self._active and booking.id not in self._writes:
-            self._writes.put(booking, "P")  # no round trip of its own: see the module docstring
-        elif booking.id in self._active and self._writes.op(booking.id) == "L":
-            self._writes.put(booking, "P")  # supersedes the unsent leg done: "P" releases the whole leg
+        if booking.id in self._active and self._writes.op(booking.id) in (None, "L"):
+            # no round trip of its own (see the module docstring); it supersedes an unsent leg
+            # done, as "P" releases the whole leg
+            self._writes.put(booking, "P")
 
     async def release(self, booking: Booking) -> None:
         await self._mirror.release(booking)
