@@ -62,7 +62,11 @@ def test_different_prefixes_spread():
 
 
 async def test_burst_with_one_shared_prefix_is_spread():
-    a, b = FakeBackend("a", first_byte_s=0.3, chunk_s=0.05), FakeBackend("b", first_byte_s=0.3, chunk_s=0.05)
+    # The first byte takes 2 s so that all 40 are in flight at once even on a slow host: when
+    # the host is slow enough that the first answers come back before the last requests are
+    # decided, the burst is a trickle, the holder's queue never builds, and keeping every
+    # request at its home is then the right answer (a copy costs more than the short queue).
+    a, b = FakeBackend("a", first_byte_s=2.0, chunk_s=0.05), FakeBackend("b", first_byte_s=2.0, chunk_s=0.05)
     with cluster(a, b) as (url, app):
         async with httpx.AsyncClient(timeout=30) as client:
             rs = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=completion(i, stream=True)) for i in range(40)))

@@ -134,8 +134,19 @@ class EngineDriver:
         return self._loop.time() if self._loop is not None else 0.0
 
     def submit(self, request: EngineRequest) -> RequestStream:
-        """Queue ``request`` in the engine; ValueError if it can never run."""
-        self.engine.add_request(request, self.model_now())
+        """Queue ``request`` in the engine; ValueError if it can never run.
+
+        The idle clock stops before the arrival is stamped, so the request arrives at the
+        very model time the engine's next step starts from: a host stall between the two
+        (GIL, GC; a millisecond is 0.1 model seconds at time scale 0.01) must not show up
+        as model queueing.
+        """
+        self._stop_idle_clock()
+        try:
+            self.engine.add_request(request, self.model_now())
+        except BaseException:
+            self.wake()  # nothing queued: the loop finds no work and restarts the idle clock
+            raise
         stream = RequestStream(request, self.wall_time())
         self._streams[request.request_id] = stream
         self.wake()
@@ -154,13 +165,16 @@ class EngineDriver:
             self.wake()
         return request
 
-    def wake(self) -> None:
+    def _stop_idle_clock(self) -> None:
         if self._idle and self._loop is not None:
             # Work arrived: stop the idle clock now. Until the loop gets round to the next
             # step (event-loop latency, CPU contention: a millisecond is 0.1 model seconds
             # at time scale 0.01) model time stands still, as it does between two steps.
             self._model_time = self.model_now()
             self._idle = False
+
+    def wake(self) -> None:
+        self._stop_idle_clock()
         waiter = self._wake
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
