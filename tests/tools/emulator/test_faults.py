@@ -66,7 +66,7 @@ def test_slowdown_factor(start_emulator: StartFn, client: httpx.Client) -> None:
         assert client.post(f"{emu.url}/v1/completions", json=body).status_code == 200
         return time.monotonic() - t0
 
-    base = timed()
+    base = min(timed() for _ in range(3))  # a host stall only lengthens a run: the least is the engine
     client.post(f"{emu.url}/emulator/faults", json={"slowdown": 6.0})
     slow = timed()
     assert slow > 2 * base, (base, slow)  # steps 6x slower; HTTP and loop overhead do not scale

@@ -14,7 +14,7 @@ from .helpers import sse_json
 PROMPT = "SGLang pairs a prefill and a decode through a bootstrap room. " * 10
 
 
-def pair(start_emulator: StartFn, timeout: float = 1.0
+def pair(start_emulator: StartFn, timeout: float = 5.0  # a loaded host may start the legs far apart
          ) -> tuple[EmulatorHandle, EmulatorHandle]:
     p = start_emulator(flavor="sglang", role="prefill", bootstrap_port=0,
                        bootstrap_timeout_s=timeout)
