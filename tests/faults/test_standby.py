@@ -67,11 +67,15 @@ def until(check, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_the_backup_is_warmed_and_then_takes_the_session_after_a_kill(emulators, kv_store):
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_the_backup_is_warmed_and_then_takes_the_session_after_a_kill(emulators, kv_store, backend, request):
     reference = emulators()
     engines, instances = cluster(emulators, kv_store, {"d0": FaultConfig(die_after_tokens=40)})
     standby = {"enabled": True, "min_prompt_tokens": 256}
-    with router(instances, kv_store={"enabled": True, "standby": standby}) as (url, _):
+    state = {} if backend == "memory" else {
+        "state": {"backend": "redis", "redis_url": request.getfixturevalue("redis_url"),
+                  "key_prefix": request.getfixturevalue("key_prefix")}}
+    with router(instances, kv_store={"enabled": True, "standby": standby}, **state) as (url, _):
         for i in range(10):
             body = {"model": "m", "prompt": f"{PREFIX} Parcel {i}: where is it now?", "max_tokens": 60}
             expected, _, _, _ = stream(reference.url, body)
