@@ -9,7 +9,12 @@ tokens, then the KV crosses the PD link) and once with that copy evicted as the 
 (a true re-prefill). Per session, at the client: the gap between the last token before the break
 and the first after it (failure -> next token), the mean gap between the other tokens (TBT), the
 TTFT of the same prompt sent again (fully cached on an instance) and, with the store, its TTFT on
-an engine that never saw it (a probe that loads it all from the store). The engines run
+an engine that never saw it (a probe that loads it all from the store). With a standby
+(``kv_store.standby``), the session's backup decode instance loads the prompt from the store once
+the first token arrived; its cost is read from the engines: the warm's tokens brought into a
+backup's cache (KV room, against what the serving instance holds for the session) and the prompt
+tokens computed and loaded over the whole cluster during the sessions, against the same cluster
+without a standby. The engines run
 ``--time-scale`` times slower than the modelled GPU and every figure is divided by it (model
 milliseconds): the CPU the emulators, the router and the client spend per request (tokenising an
 8K-token prompt takes tens of wall milliseconds on a loaded 2-core machine) then weighs 1/scale.
@@ -68,8 +73,8 @@ def _store_server(scale: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _cluster(store: bool, scale: float, dtype: str) -> Iterator[tuple[str, str, str | None]]:
-    """(router url, prefill engine url, probe engine url with the store or None)."""
+def _cluster(store: bool, scale: float, dtype: str, standby: bool) -> Iterator[tuple[str, dict[str, str], str | None]]:
+    """(router url, engine name -> url, probe engine url with the store or None)."""
     with contextlib.ExitStack() as stack:
         store_url = stack.enter_context(_store_server(scale)) if store else None
         base: dict[str, Any] = {"flavor": "vllm", "time_scale": scale, "model": "m", "kv_store_url": store_url,
@@ -83,9 +88,10 @@ def _cluster(store: bool, scale: float, dtype: str) -> Iterator[tuple[str, str, 
                                  "flavor": "vllm", "model": "m"} for n, e in engines.items()],
                   "policy": {"name": "ttft", "seed": 1}, "health": {"interval_s": 60},
                   "proxy": {"first_byte_timeout_s": 60 * scale, "idle_timeout_s": 60 * scale},
-                  "kv_store": {"enabled": store, "bandwidth_gbps": STORE_GBPS, "kv_dtype": dtype}}
+                  "kv_store": {"enabled": store, "bandwidth_gbps": STORE_GBPS, "kv_dtype": dtype,
+                               "standby": {"enabled": standby, "min_prompt_tokens": 1024}}}
         router = stack.enter_context(router_process(config))
-        yield router.url, engines["p0"].url, probe.url if probe is not None else None
+        yield router.url, {n: e.url for n, e in engines.items()}, probe.url if probe is not None else None
 
 
 def _stream(url: str, prompt: str, max_tokens: int, on_first: str | None = None) -> tuple[list[float], bool]:
@@ -109,14 +115,40 @@ def _stream(url: str, prompt: str, max_tokens: int, on_first: str | None = None)
     return times, done
 
 
-def _measure(store: bool, evict: bool, dtype: str, rounds: int, prompt_tokens: int, scale: float) -> dict[str, float]:
+def _work(engines: dict[str, str]) -> tuple[int, int]:
+    """(prompt tokens computed, prompt tokens loaded from the store) over ``engines`` so far."""
+    computed = loaded = 0
+    for url in engines.values():
+        s = httpx.get(url + "/emulator/stats", timeout=10).json()
+        computed += s["tokens"]["prefill_computed"]
+        loaded += s["store"]["loaded_tokens_admitted"]
+    return computed, loaded
+
+
+def _warm_tokens(engines: dict[str, str]) -> int:
+    """Prompt tokens of the standby warms the decode engines finished (what they hold for them)."""
+    total = 0
+    for name, url in engines.items():
+        if name != "p0":
+            recent = httpx.get(url + "/emulator/stats", params={"recent": 1000}, timeout=10).json()["recent"]
+            total += sum(r["prompt_tokens"] for r in recent if (r["client_request_id"] or "").endswith("-standby"))
+    return total
+
+
+def _measure(store: bool, evict: bool, dtype: str, standby: bool, rounds: int, prompt_tokens: int,
+             scale: float) -> dict[str, float]:
     rng = random.Random(12)
     gaps, tbts, cached, loaded = [], [], [], []
-    with _cluster(store, scale, dtype) as (url, prefill, probe):
+    computed_work = loaded_work = 0
+    with _cluster(store, scale, dtype, standby) as (url, engines, probe):
         _stream(url, _prompt(-1, 200, rng), 4)  # warm the connections
         for i in range(rounds):
             prompt = _prompt(i, prompt_tokens, rng)
-            times, done = _stream(url, prompt, MAX_TOKENS, prefill if evict else None)
+            before = _work(engines)
+            times, done = _stream(url, prompt, MAX_TOKENS, engines["p0"] if evict else None)
+            after = _work(engines)
+            computed_work += after[0] - before[0]
+            loaded_work += after[1] - before[1]
             if not done or len(times) != MAX_TOKENS:
                 raise RuntimeError(f"session {i} did not complete unbroken: {len(times)} tokens, done={done}")
             gap = times[DIE_AFTER] - times[DIE_AFTER - 1]
@@ -125,47 +157,73 @@ def _measure(store: bool, evict: bool, dtype: str, rounds: int, prompt_tokens: i
             cached.append(_stream(url, prompt, 2)[0][0])
             if probe is not None:
                 loaded.append(_stream(probe, prompt, 2)[0][0])
+        warm = _warm_tokens(engines) if standby else 0
     out = {"gap_p50_s": statistics.median(gaps), "gap_max_s": max(gaps), "tbt_p50_s": statistics.median(tbts),
            "cached_ttft_p50_s": statistics.median(cached)}
     if loaded:
         out["store_ttft_p50_s"] = statistics.median(loaded)
-    return {k: v / scale for k, v in out.items()}
+    out = {k: v / scale for k, v in out.items()}
+    # what one session held on its serving decode instance: prompt + generated tokens
+    out.update(computed=computed_work / rounds, loaded=loaded_work / rounds, warm=warm / rounds,
+               session_kv=float(prompt_tokens + MAX_TOKENS))
+    return out
+
+
+VARIANTS = {"store": (True, False, "auto", False), "store + standby": (True, False, "auto", True),
+            "store, fp8 KV": (True, False, "fp8", False), "store, fp8 KV + standby": (True, False, "fp8", True),
+            "no store": (False, False, "auto", False), "no store, prefill's copy evicted": (False, True, "auto", False)}
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    load = os.getloadavg()
-    variants = {"store": (True, False, "auto"), "store, fp8 KV": (True, False, "fp8"), "no store": (False, False, "auto"),
-                "no store, prefill's copy evicted": (False, True, "auto")}
-    results = {label: _measure(store, evict, dtype, args.rounds, args.prompt_tokens, args.time_scale)
-               for label, (store, evict, dtype) in variants.items()}
-    end = os.getloadavg()
+    for prompt_tokens in args.prompt_tokens:
+        load = os.getloadavg()
+        results = {label: _measure(*VARIANTS[label], args.rounds, prompt_tokens, args.time_scale)
+                   for label in args.variants}
+        end = os.getloadavg()
+        body = _report(results, args, prompt_tokens, load[0], end[0])
+        print(body, flush=True)
+        if args.write:
+            variants = "" if list(args.variants) == list(VARIANTS) else " --variants " + " ".join(
+                f"'{v}'" for v in args.variants)
+            write_section(f"Session migration: failure to next token, {prompt_tokens}-token prompts",
+                          f"flock /work/scratch/bench.lock python loadtests/store_bench.py migrate --write --rounds "
+                          f"{args.rounds} --prompt-tokens {prompt_tokens} --time-scale {args.time_scale:g}{variants}", body)
+    return 0
+
+
+def _report(results: dict[str, dict[str, float]], args: argparse.Namespace, prompt_tokens: int, load: float,
+            end: float) -> str:
     ms = lambda x: f"{x * 1000:.1f}"  # noqa: E731
+
+    def cost(label: str) -> list[str]:
+        r = results[label]
+        base = results.get(label.replace(" + standby", ""))
+        if not label.endswith("+ standby") or base is None:
+            return ["-", "-", "-"]
+        room = f"{r['warm'] / r['session_kv']:.2f}"
+        dc = f"{(r['computed'] - base['computed']) / max(base['computed'], 1):+.1%}"
+        dl = f"{(r['loaded'] - base['loaded']) / max(base['loaded'], 1):+.0%}"
+        return [room, dc, dl]
+
     rows = [[label, ms(r["gap_p50_s"]), ms(r["gap_max_s"]), ms(r["tbt_p50_s"]), ms(r["cached_ttft_p50_s"]),
              ms(r["store_ttft_p50_s"]) if "store_ttft_p50_s" in r else "-",
-             f"{r['gap_p50_s'] / r['cached_ttft_p50_s']:.2f}"] for label, r in results.items()]
-    s, f, n, e = (results[k] for k in ("store", "store, fp8 KV", "no store", "no store, prefill's copy evicted"))
+             f"**{r['gap_p50_s'] / r['cached_ttft_p50_s']:.2f}**", *cost(label)] for label, r in results.items()]
     body = table(["cluster", "failure -> next token p50 ms", "max ms", "TBT mean ms", "TTFT fully cached p50 ms",
-                  "TTFT all from the store p50 ms", "gap / cached TTFT"], rows)
+                  "TTFT all from the store p50 ms", "gap / cached TTFT (target <= 2)",
+                  "standby KV room / session's KV", "prompt tokens computed vs no standby",
+                  "tokens loaded from the store vs no standby"], rows)
     body += (
-        f"\n\n{args.rounds} sessions of ~{args.prompt_tokens} prompt tokens, {MAX_TOKENS} tokens each; every decode "
+        f"\n\n{args.rounds} sessions of ~{prompt_tokens} prompt tokens, {MAX_TOKENS} tokens each; every decode "
         f"instance drops each stream after {DIE_AFTER} tokens and the router continues it on the other one. "
         f"1 prefill + 2 decode emulated vLLM llama3-8b-h100 engines at time scale {args.time_scale:g} (figures in "
-        f"model ms: wall / scale), store {STORE_GBPS:g} Gbit/s; load average {load[0]:.1f} at the start, "
-        f"{end[0]:.1f} at the end.\n\n"
-        f"- with the store: next token {ms(s['gap_p50_s'])} ms after the failure = "
-        f"**{s['gap_p50_s'] / s['cached_ttft_p50_s']:.2f}x** the TTFT of the prompt fully cached on an instance "
-        f"(target <= 2x), {s['gap_p50_s'] / s['store_ttft_p50_s']:.2f}x the TTFT of a fresh request loading it "
-        f"all from the store; with fp8 KV (half the bytes) {ms(f['gap_p50_s'])} ms = "
-        f"**{f['gap_p50_s'] / f['cached_ttft_p50_s']:.2f}x**.\n"
-        f"- the floor of a load: ~{args.prompt_tokens + DIE_AFTER} tokens x 128 KiB at {STORE_GBPS:g} Gbit/s = "
-        f"{(args.prompt_tokens + DIE_AFTER) * 131072 * 8 / (STORE_GBPS * 1e9) * 1000:.1f} ms (half that in fp8), against "
-        f"one decode step (~7 ms) for a fully cached prompt: the 2x target holds while the load fits in about one "
-        f"TTFT of a cached prompt.\n"
-        f"- without a store, the prefill instance still caching the prompt: {ms(n['gap_p50_s'])} ms "
-        f"({n['gap_p50_s'] / s['gap_p50_s']:.2f}x the store's); with that copy evicted (re-prefill of prompt + "
-        f"generated): {ms(e['gap_p50_s'])} ms ({e['gap_p50_s'] / s['gap_p50_s']:.2f}x).\n")
-    print(body)
-    if args.write:
-        write_section(f"Session migration: failure to next token, {args.prompt_tokens}-token prompts", f"python loadtests/store_bench.py migrate --write "
-                      f"--rounds {args.rounds} --prompt-tokens {args.prompt_tokens} --time-scale {args.time_scale:g}", body)
-    return 0
+        f"model ms: wall / scale), store {STORE_GBPS:g} Gbit/s; load average {load:.1f} at the start, "
+        f"{end:.1f} at the end. The floor of a load at failure time: ~{prompt_tokens + DIE_AFTER} tokens x 128 KiB "
+        f"at {STORE_GBPS:g} Gbit/s = {(prompt_tokens + DIE_AFTER) * 131072 * 8 / (STORE_GBPS * 1e9) * 1000:.1f} ms "
+        f"(half that in fp8). Standby (`kv_store.standby`, min_prompt_tokens 1024): the backup decode instance "
+        f"loads the prompt once the first token arrived, and the continuation there loads only the generated "
+        f"tail. Its cost, per long session whether it fails or not: KV room = the warm's prompt tokens held in "
+        f"the backup's cache over the session's own prompt + output on its serving instance; computed and "
+        f"loaded = prompt tokens over the whole cluster during the sessions against the same cluster without a "
+        f"standby (every session here fails once, so the loaded column nets the warm against the continuation's "
+        f"smaller load; for a session that never fails, the warm adds a whole prompt's load from the store).\n")
+    return body

@@ -8,6 +8,8 @@ knob: bytes per token follow each instance's kv_dtype.)
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -23,8 +25,13 @@ class HandoffConfig(BaseModel):
                                          "SGLang prefill instances stream KV through their prefill, so their queue and "
                                          "prefill are priced this much slower")
     link_aware: bool = Field(default=False, description="isolation: book KV bytes in flight per instance NIC and price "
-                             "waiting for them, and keep prefill chunks that would stall running decodes past "
-                             "pd.tbt_target_s off decode instances while a pair can take them")
+                             "waiting for them, and (isolation: auto) let a decode instance with decodes running "
+                             "take at most one prefill at a time whose chunks would stall them past pd.tbt_target_s")
+    isolation: Literal["auto", "off", "strict", "budget"] = Field(
+        default="auto", description="which prefills a decode instance with decodes running may take alone when "
+        "selective disaggregation sends them there: off = any; strict = none whose chunk plus a decode step would "
+        "pass pd.tbt_target_s; budget = such a prefill only while none is queued there already, so its decodes "
+        "see one stalled run at a time; auto = budget with link_aware, off without")
     nic_gbps: float | None = Field(default=None, gt=0, description="each instance's NIC, Gbit/s; None = the topology link")
     max_link_backlog_s: float = Field(default=0.05, ge=0, description="with link_aware: pairs whose NIC (either end) "
                                       "already has more booked bytes than this many seconds of its bandwidth are "

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.config.standby import StandbyConfig
+
 
 class KVStoreConfig(BaseModel):
     """kv_store: the shared store the engines write to and load from."""
@@ -32,6 +34,8 @@ class KVStoreConfig(BaseModel):
                              "keys (memory bound; the belief also stops at capacity_tokens / block tokens)")
     ttl_s: float = Field(default=3600.0, gt=0, description="a block the router believes stored is forgotten after "
                          "this long untouched")
+    standby: StandbyConfig = Field(default_factory=StandbyConfig, description="a warm backup decode instance for long "
+                                   "streams, so a migration loads only the generated tail")
 
     def token_bytes(self, pd_bytes_per_token: int) -> int:
         if self.bytes_per_token is not None:

@@ -39,6 +39,7 @@ from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Li
 from router.request.overload import HeldResponse, Overload
 from router.request.prompt import Endpoint, ParsedRequest, parse_body
 from router.request.request_id import assign_request_id, new_id
+from router.request.standby import Standby
 from router.request.tokenize import build_tokenizer
 from router.scheduling.calibration import Calibrator
 from router.scheduling.decide import Routed, decide
@@ -86,9 +87,11 @@ class RouterService:
         self.upstream = upstream
         self.metrics = metrics
         self.calibrator = calibrator or Calibrator(config.calibration)
-        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), *hooks])
         self.rng = rng or random.SystemRandom()
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
+        # warms long streams' backup decode instances (kv_store.standby); its hook cancels them with their streams
+        self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id)
+        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), self.standby, *hooks])
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         # what a KV store the engines share holds (kv_store), None without one
         self.store_tier = build_store_tier(config.kv_store, config.pd.kv_bytes_per_token, config.hashing.block_tokens)
@@ -188,6 +191,8 @@ class RouterService:
                 if (not continuing and isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
                         and continuable(parsed.body, endpoint)):
                     response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
+                    self.standby.start(request_id, self.pool.get(routed.decision.instance), parsed,
+                                       req.keys, req.prompt_tokens, PATHS[endpoint], headers)
                 return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))

@@ -61,6 +61,8 @@ class PairRoutes:
         self._pd = pd
         self._bounded = BoundedLoadFilter(weights.bounded_load_factor, weights.bounded_load_slack)
         self._decode_filters: tuple[Filter, ...] = (TBTFilter(pd), KVRoomFilter(), self._bounded)
+        iso = pd.handoff.isolation
+        self._isolation = ("budget" if pd.handoff.link_aware else "off") if iso == "auto" else iso
         self._ttft = TTFTScorer(weights)  # ranks prefill instances by their colocated estimate
 
     def routes(self, req: RouteRequest, views: list[View]) -> list[View]:
@@ -73,9 +75,10 @@ class PairRoutes:
         off the decode instances, whose time between tokens is what PD protects. SGLang
         decode workers never serve alone (they only take requests paired through a
         bootstrap room). Decode instances must pass the TBT, KV-room and bounded-load
-        filters, prefill instances the bounded-load one (each fail-open). With link-aware
-        booking, a decode instance with decodes running never prefills a prompt whose chunk
-        would stall them past the TBT target (``_stalls_decodes``)."""
+        filters, prefill instances the bounded-load one (each fail-open). A prompt whose chunk
+        would stall the decodes running on D past the TBT target (``_stalls_decodes``) is
+        offered there per ``pd.handoff.isolation``: never (strict), only while D has no such
+        prefill queued already (budget, ``_stalling_queue``), or as above (off)."""
         prefills, decodes = split_pools(views)
         if not decodes:
             raise NoRoute("no decode or mixed instance is available")
@@ -106,7 +109,8 @@ class PairRoutes:
             always = d.candidate.role == "mixed" or best is None or lacks < threshold
             if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
                 continue
-            if not always and pd.handoff.link_aware and self._stalls_decodes(req, d):
+            if not always and self._isolation != "off" and self._stalls_decodes(req, d) and (
+                    self._isolation == "strict" or self._stalling_queue(d)):
                 continue
             local = route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
@@ -126,6 +130,18 @@ class PairRoutes:
         rate = d.candidate.prefill_tokens_per_s or w.prefill_tokens_per_s
         chunk = min(req.prompt_tokens - d.cached_tokens(req), pd.handoff.overlap_chunk_tokens)
         return prefill_seconds(chunk, chunk, rate, w) + decode_step_seconds(d, pd) > pd.tbt_target_s
+
+    def _stalling_queue(self, d: View) -> bool:
+        """Isolation by budget: D already has prefill work queued whose chunk stalls its decodes.
+        Each decode running there then sees one stalled run at a time (one prompt's chunks), not
+        the chunks of every prompt a long prefill queue would send there; the burst's long
+        prompts share the decode pool one per instance instead of none (strict) or as many as
+        the prefill queues favour (off)."""
+        queued = min(d.load.prefill_tokens, self._pd.handoff.overlap_chunk_tokens)
+        if queued <= 0:
+            return False
+        rate = d.candidate.prefill_tokens_per_s or self._w.prefill_tokens_per_s
+        return prefill_seconds(queued, queued, rate, self._w) + decode_step_seconds(d, self._pd) > self._pd.tbt_target_s
 
     def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
                ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:

@@ -127,7 +127,7 @@ def test_isolation_keeps_a_long_prefill_off_decode_instances_with_decodes_runnin
     queued = {"p1": Load(10, 400_000, 0, 0), "p2": Load(10, 400_000, 0, 0)}
     busy = {**queued, "d1": Load(30, 0, 30_000, 0), "d2": Load(30, 0, 30_000, 0)}
     assert policy().choose(req(), CLUSTER, snap(CLUSTER, loads=busy)).reason == "decode_only_faster"
-    isolated = policy(handoff={"link_aware": True})
+    isolated = policy(handoff={"link_aware": True, "isolation": "strict"})
     d = isolated.choose(req(), CLUSTER, snap(CLUSTER, loads=busy))
     # an 8K chunk (0.8 s at 10K tokens/s) would hold 30 running decodes far past the 0.1 s TBT target
     assert d.mode == "disaggregated" and not any(r.startswith("d") and "<-" not in r for r in d.terms)
@@ -138,3 +138,24 @@ def test_isolation_keeps_a_long_prefill_off_decode_instances_with_decodes_runnin
     short = RouteRequest("r", tuple(range(12)), 700, 64, 64)
     d = isolated.choose(short, CLUSTER, snap(CLUSTER, loads=busy))
     assert d.mode == "decode_only"
+
+
+def test_isolation_by_budget_lets_each_busy_decode_instance_take_one_stalling_prefill_at_a_time():
+    queued = {"p1": Load(10, 400_000, 0, 0), "p2": Load(10, 400_000, 0, 0)}
+    busy = {**queued, "d1": Load(30, 0, 30_000, 0), "d2": Load(30, 0, 30_000, 0)}
+    budget = policy(handoff={"link_aware": True})  # isolation: auto = budget with link_aware
+    # nothing stalling queued on either: the long prompt may run on a decode instance, as without isolation
+    assert budget.choose(req(), CLUSTER, snap(CLUSTER, loads=busy)).mode == "decode_only"
+    # d1 already has a long prefill queued (its chunks stall its decodes): only d2 is offered
+    one_taken = {**busy, "d1": Load(31, 30_000, 60_000, 0)}
+    for _ in range(10):
+        d = budget.choose(req(), CLUSTER, snap(CLUSTER, loads=one_taken))
+        assert d.instance != "d1" or d.mode == "disaggregated"
+    assert budget.choose(req(), CLUSTER, snap(CLUSTER, loads=one_taken)).instance == "d2"
+    # both taken: the prompt goes to a pair, however long the prefill queues
+    both = {**one_taken, "d2": Load(31, 30_000, 60_000, 0)}
+    assert budget.choose(req(), CLUSTER, snap(CLUSTER, loads=both)).mode == "disaggregated"
+    # a short prefill queued on d1 stalls nobody past the target: it does not use up d1's turn
+    short_queued = {**busy, "d1": Load(31, 700, 31_000, 0), "d2": Load(31, 30_000, 60_000, 0)}
+    d = budget.choose(req(), CLUSTER, snap(CLUSTER, loads=short_queued))
+    assert d.mode == "decode_only" and d.instance == "d1"

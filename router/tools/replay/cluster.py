@@ -51,6 +51,7 @@ class ClusterSpec:
     zones: int = 1
     uplink_gbps: float | None = None  # per zone; None = 4 NICs' worth
     link_aware: bool = False  # the router books bytes in flight per link (pd.handoff.link_aware)
+    isolation: str = "auto"  # which prefills a busy decode instance may take alone (pd.handoff.isolation)
     store_tokens: int | None = None  # a KV store every engine shares, of this many tokens; None = no store
     store_gbps: float = 100.0  # the store's read bandwidth, shared by concurrent loads
     store_aware: bool = True  # the router is told of the store (kv_store.enabled) and prices loads from it
@@ -123,6 +124,7 @@ class ClusterSpec:
                              setup_s=self.transfer_latency_s),
             handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.perf().max_batched_tokens,
                                   link_aware=self.link_aware, nic_gbps=link,
+                                  isolation=self.isolation,  # type: ignore[arg-type]
                                   transfer_interference=self.transfer_interference),
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
