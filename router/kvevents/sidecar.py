@@ -6,7 +6,9 @@ in slices that every request then waits behind. Here the sockets, the sequence c
 and replays, decoding and the engine-block tables run in ``router.kvevents.sidecar_main``
 and the loop only applies what changed: per table, the router keys that became held or
 not held since the last shipment (``router.state.precise_mirror``), every 10 ms while
-events flow. Stale, gap and restart handling is the same code as in-process, run there.
+events flow, in slices of ``SLICE_KEYS`` key changes per loop callback. Stale, gap and
+restart handling is the same code as in-process, run there; each delta names the
+generation of its instance's subscription, so none outlives the subscription it was for.
 
 The router starts the sidecar with itself, resends it the sources (discovery stays
 here), and restarts it with a growing delay if it dies: meanwhile, and until each new
