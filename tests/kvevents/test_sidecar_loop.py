@@ -177,3 +177,29 @@ async def test_a_delta_of_a_closed_subscription_never_lands_also_once_the_instan
         assert "a" not in ch.ingest.residency.instances()  # not even a table was made for it
     finally:
         ch.close()
+
+
+def test_the_child_sends_its_counters_after_the_deltas_they_count_tagged_with_the_generation():
+    from router.kvevents.sidecar_main import Sidecar, child_config
+    from router.kvevents.sidecar_wire import DELTA, FrameReader, decode_delta
+
+    config = child_config({"hashing": {"mode": "tokens"}, "kv_events": {"enabled": True}})
+    ours, theirs = socket.socketpair()
+    try:
+        child = Sidecar(config, theirs)
+        child.gens["a"] = 7  # as an ADD of the router's 7th subscription set it
+        table = child.residency.table("a")
+        table.store_run([1], [(42,)], 1)
+        table.fresh = True
+        child.send_stats()  # no flush came first: the stats flush the pending delta before them
+        ours.settimeout(5)
+        got: list[tuple[bytes, bytes]] = []
+        reader = FrameReader()
+        while len(got) < 2:
+            got += reader.feed(ours.recv(1 << 16))
+        assert [kind for kind, _ in got] == [DELTA, STATS]
+        frame = decode_delta(got[0][1])
+        assert (frame.instance, frame.gen, list(frame.delta.added_gpu), frame.delta.fresh) == ("a", 7, [42], True)
+    finally:
+        ours.close()
+        theirs.close()
