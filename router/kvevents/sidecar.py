@@ -6,7 +6,9 @@ in slices that every request then waits behind. Here the sockets, the sequence c
 and replays, decoding and the engine-block tables run in ``router.kvevents.sidecar_main``
 and the loop only applies what changed: per table, the router keys that became held or
 not held since the last shipment (``router.state.precise_mirror``), every 10 ms while
-events flow. Stale, gap and restart handling is the same code as in-process, run there.
+events flow, in slices of ``SLICE_KEYS`` key changes per loop callback. Stale, gap and
+restart handling is the same code as in-process, run there; each delta names the
+generation of its instance's subscription, so none outlives the subscription it was for.
 
 The router starts the sidecar with itself, resends it the sources (discovery stays
 here), and restarts it with a growing delay if it dies: meanwhile, and until each new
@@ -17,6 +19,7 @@ router restart. The sidecar reads its commands on stdin, so it ends when the rou
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -31,16 +34,19 @@ from router.core.instances import InstancePool
 from router.kvevents.apply import ApplyCounters, TableWriter
 from router.kvevents.ingest import KVEventIngest, _Subscription
 from router.kvevents.sidecar_wire import (
-    ADD, CONFIG, DELTA, ERROR, OPENED, REMOVE, STATS, ChannelError, FrameReader, decode_delta, json_frame,
+    ADD, CONFIG, DELTA, ERROR, OPENED, REMOVE, STATS, ChannelError, DeltaFrame, FrameReader, decode_delta, json_frame,
 )
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
-from router.state.precise_mirror import MirrorTable
+from router.state.precise_mirror import MirrorTable, delta_changes
 
 log = logging.getLogger(__name__)
 
 _RESTART_S, _MAX_RESTART_S, _STABLE_S = 0.5, 10.0, 30.0
-_READ_CHUNK, _READ_MAX = 1 << 20, 8 << 20  # per recv, per readiness callback
+_READ_CHUNK = 1 << 20  # per readiness callback; reading pauses while what was read is being applied
+# Key changes applied per loop callback (~0.1-0.2 ms of set operations): a decision waits
+# behind at most one slice, however large the delta (a resync ships a whole table).
+SLICE_KEYS = 2048
 
 
 def _sum(a: Any, b: Any) -> Any:
@@ -54,6 +60,7 @@ class _View:
     earlier sidecars (a restart must not make Prometheus counters go back)."""
 
     source: Source
+    gen: int  # the generation of its instance's subscription
     base_stream: StreamCounters = dataclasses.field(default_factory=StreamCounters)
     base_apply: ApplyCounters = dataclasses.field(default_factory=ApplyCounters)
 
@@ -71,6 +78,13 @@ class SidecarIngest(KVEventIngest):
         self._proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._frames = FrameReader()
+        self._gens: dict[str, int] = {}  # instance -> its current subscription's generation
+        self._next_gen = 1
+        # frames read but not yet handled, in stream order, and how far the head delta is applied
+        self._pending: collections.deque[tuple[bytes, Any]] = collections.deque()
+        self._head_done = 0
+        self._drain_handle: asyncio.Handle | None = None
+        self._paused = False
         self._closing = False
         self._errors_base = 0
         self._errors_now = 0
@@ -101,7 +115,7 @@ class SidecarIngest(KVEventIngest):
         self._send(json_frame(CONFIG, {"config": config, "log_level": logging.getLogger().getEffectiveLevel(),
                                        "may_bind": self._may_bind}))
         for sid, view in self._views.items():
-            self._send_add(sid, view.source.spec)
+            self._send_add(sid, view.source.spec, view.gen)
         log.info("kv events: sidecar process %d started", self._proc.pid)
 
     def _send(self, data: bytes) -> None:
@@ -109,8 +123,8 @@ class SidecarIngest(KVEventIngest):
         if proc is not None and proc.stdin is not None and proc.returncode is None:
             proc.stdin.write(data)
 
-    def _send_add(self, sid: int, spec: SourceSpec) -> None:
-        self._send(json_frame(ADD, {"sid": sid, "spec": dataclasses.asdict(spec)}))
+    def _send_add(self, sid: int, spec: SourceSpec, gen: int) -> None:
+        self._send(json_frame(ADD, {"sid": sid, "spec": dataclasses.asdict(spec), "gen": gen}))
 
     async def _watch(self) -> None:
         """Restart the sidecar whenever it ends while the router runs."""
@@ -148,6 +162,12 @@ class SidecarIngest(KVEventIngest):
                 table.fresh = False
 
     def _stop_reading(self) -> None:
+        self._pending.clear()
+        self._head_done = 0
+        if self._drain_handle is not None:
+            self._drain_handle.cancel()
+            self._drain_handle = None
+        self._paused = False
         if self._sock is not None:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self._sock.fileno())
@@ -176,16 +196,22 @@ class SidecarIngest(KVEventIngest):
         view = Source(spec, TableWriter(self.residency.table(spec.instance, spec.dp_rank), spec.model,
                                         self._config.hashing.block_tokens, self._config.hashing.seed))
         sid, self._next_sid = self._next_sid, self._next_sid + 1
-        self._views[sid] = _View(view)
-        self._subs.setdefault(spec.instance, _Subscription(url or "")).sources.append(view)
-        self._send_add(sid, spec)  # in ``sources`` once the sidecar says its socket is open
+        if spec.instance not in self._subs:  # a new subscription: what the sidecar sent for an older one is void
+            self._subs[spec.instance] = _Subscription(url or "")
+            self._gens[spec.instance], self._next_gen = self._next_gen, self._next_gen + 1
+        gen = self._gens[spec.instance]
+        self._views[sid] = _View(view, gen)
+        self._subs[spec.instance].sources.append(view)
+        self._send_add(sid, spec, gen)  # in ``sources`` once the sidecar says its socket is open
         log.info("kv events of %s: %s, in the sidecar", spec.name, f"SUB connected to {spec.endpoint}"
                  if spec.endpoint else f"topic {spec.topic!r} on the bound {spec.bind}")
         return view
 
     async def _close_subscription(self, instance: str, sub: _Subscription) -> None:
         """The sidecar closes the instance's sockets; deltas it sent before it read the
-        command are dropped on arrival (the instance has no subscription any more)."""
+        command carry this subscription's generation and are dropped (also once the
+        instance is subscribed again, under a new generation)."""
+        self._gens.pop(instance, None)
         for sid, view in list(self._views.items()):
             if view.source.spec.instance == instance:
                 del self._views[sid]
@@ -193,47 +219,79 @@ class SidecarIngest(KVEventIngest):
 
     # -- what the sidecar sends ----------------------------------------------------------
     def _readable(self) -> None:
+        """Read what the sidecar sent, then apply it in slices (``_drain``); reading pauses
+        until it is all applied, so the socket buffer and the sidecar's blocking writes
+        are the backpressure (memory stays bounded)."""
         sock = self._sock
         if sock is None:
             return
-        got = 0
-        while got < _READ_MAX:
-            try:
-                data = sock.recv(_READ_CHUNK)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:  # the sidecar closed its end: _watch restarts it
-                self._stop_reading()
-                return
-            got += len(data)
-            try:
-                for kind, body in self._frames.feed(data):
-                    self._on_frame(kind, body)
-            except (ChannelError, ValueError, KeyError) as exc:
-                log.error("kv events: unreadable message from the sidecar (%s); restarting it", exc)
-                self._stop_reading()
-                if self._proc is not None and self._proc.returncode is None:
-                    self._proc.kill()
-                return
+        try:
+            data = sock.recv(_READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the sidecar closed its end: _watch restarts it
+            self._stop_reading()
+            return
+        try:
+            for kind, body in self._frames.feed(data):
+                self._pending.append((kind, decode_delta(body) if kind == DELTA else _json(body)))
+        except (ChannelError, ValueError, KeyError) as exc:
+            self._unreadable(exc)
+            return
+        if self._pending and self._drain_handle is None:
+            self._drain()
 
-    def _on_frame(self, kind: bytes, body: bytes) -> None:
-        if kind == DELTA:
-            instance, rank, delta = decode_delta(body)
-            if instance not in self._subs:  # it left the pool; the sidecar had not read that yet
-                return
-            table = self.residency.table(instance, rank)
-            assert isinstance(table, MirrorTable)
-            table.apply(delta)
-        elif kind == STATS:
-            self._on_stats(_json(body))
+    def _drain(self) -> None:
+        """Handle pending frames in order, at most ``SLICE_KEYS`` key changes per call; the
+        rest in a later loop iteration, after whatever requests became ready meanwhile."""
+        self._drain_handle = None
+        pending, budget = self._pending, SLICE_KEYS
+        while pending and budget > 0:
+            kind, item = pending[0]
+            if kind == DELTA:
+                assert isinstance(item, DeltaFrame)
+                if self._gens.get(item.instance) == item.gen:  # else: a closed subscription's
+                    table = self.residency.table(item.instance, item.rank)
+                    assert isinstance(table, MirrorTable)
+                    done = table.apply_part(item.delta, self._head_done, budget)
+                    budget -= max(done - self._head_done, 1)
+                    if done < delta_changes(item.delta):
+                        self._head_done = done
+                        break
+                self._head_done = 0
+            else:
+                try:
+                    self._on_message(kind, item)
+                except (KeyError, ValueError, TypeError) as exc:
+                    self._unreadable(exc)
+                    return
+            pending.popleft()
+        loop = asyncio.get_running_loop()
+        if pending:
+            self._drain_handle = loop.call_soon(self._drain)
+            if not self._paused and self._sock is not None:
+                loop.remove_reader(self._sock.fileno())
+                self._paused = True
+        elif self._paused and self._sock is not None:
+            loop.add_reader(self._sock.fileno(), self._readable)
+            self._paused = False
+
+    def _unreadable(self, exc: Exception) -> None:
+        log.error("kv events: unreadable message from the sidecar (%s); restarting it", exc)
+        self._stop_reading()
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+
+    def _on_message(self, kind: bytes, obj: dict[str, Any]) -> None:
+        if kind == STATS:
+            self._on_stats(obj)
         elif kind == OPENED:
-            opened = self._views.get(int(_json(body)["sid"]))
+            opened = self._views.get(int(obj["sid"]))
             if opened is not None and opened.source not in self.sources:
                 self.sources.append(opened.source)
         elif kind == ERROR:
-            obj = _json(body)
             view = self._views.pop(int(obj["sid"]), None)
             if view is not None:
                 if view.source in self.sources:

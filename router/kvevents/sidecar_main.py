@@ -68,9 +68,11 @@ class Sidecar:
         self.residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight, factory=TrackedTable)
         self.ingest = _ChildIngest(config, InstancePool(config), self.residency, may_bind=may_bind)
         self.sources: dict[int, Source] = {}
+        self.gens: dict[str, int] = {}  # instance -> the router's generation of its subscription
         self._out = out
 
-    def add(self, sid: int, spec: SourceSpec) -> None:
+    def add(self, sid: int, spec: SourceSpec, gen: int = 0) -> None:
+        self.gens[spec.instance] = gen
         try:
             self.sources[sid] = self.ingest.add_source(spec)
         except (zmq.ZMQError, ValueError) as exc:
@@ -82,21 +84,26 @@ class Sidecar:
         """The instance left the router's pool: its sockets closed, its tables dropped."""
         await self.ingest.remove_instance(instance)
         self.sources = {sid: s for sid, s in self.sources.items() if s.spec.instance != instance}
+        self.gens.pop(instance, None)
 
     def flush(self) -> bool:
         """Every table's changes since the last flush, one frame each; False when there were none."""
         chunks = []
         for instance in self.residency.instances():
+            gen = self.gens.get(instance, 0)
             for rank, table in self.residency.tables(instance).items():
                 assert isinstance(table, TrackedTable)
                 delta = table.take_delta()
                 if delta is not None:
-                    chunks.append(encode_delta(instance, rank, delta))
+                    chunks.append(encode_delta(instance, rank, delta, gen))
         if chunks:
             self._out.sendall(b"".join(chunks))
         return bool(chunks)
 
     def send_stats(self) -> None:
+        """The counters, after the deltas of every event they count (the router reads the
+        stream in order, so its applied sequence never runs ahead of its tables)."""
+        self.flush()
         stats = {str(sid): {"stream": dataclasses.asdict(s.counters), "apply": dataclasses.asdict(s.writer.counters),
                             "last": s.last, "synced": s.synced} for sid, s in self.sources.items()}
         self._out.sendall(json_frame(STATS, {"sources": stats, "receive_errors": self.ingest.receive_errors}))
@@ -150,7 +157,7 @@ async def run(out_fd: int) -> None:
         try:
             async for kind, obj in commands:
                 if kind == ADD:
-                    sidecar.add(int(obj["sid"]), SourceSpec(**obj["spec"]))
+                    sidecar.add(int(obj["sid"]), SourceSpec(**obj["spec"]), int(obj.get("gen", 0)))
                 elif kind == REMOVE:
                     await sidecar.remove(str(obj["instance"]))
         finally:

@@ -36,6 +36,11 @@ class TableDelta:
     removed_offload: array[int] = field(default_factory=_keys)
 
 
+def delta_changes(delta: TableDelta) -> int:
+    """How many key changes a shipment holds (what applying it costs the loop)."""
+    return len(delta.added_gpu) + len(delta.removed_gpu) + len(delta.added_offload) + len(delta.removed_offload)
+
+
 class TrackedTable(BlockTable):
     """A ``BlockTable`` that records, per tier, the router keys whose presence changed
     (a refcount going 0 -> 1 or 1 -> 0) since the last ``take_delta``, netted: a key
@@ -180,17 +185,34 @@ class MirrorTable(BlockTable):
         return self._size
 
     def apply(self, delta: TableDelta) -> None:
+        """The whole shipment at once (``apply_part`` with no budget)."""
+        self.apply_part(delta, 0, delta_changes(delta))
+
+    def apply_part(self, delta: TableDelta, done: int, budget: int) -> int:
+        """Apply up to ``budget`` of the shipment's key changes from the ``done``-th on, in
+        C-level set operations over array slices; returns how many are done now. The table's
+        state (size, overflow, freshness) changes with the last slice, and a reset with the
+        first: in between, a decision reads a table that is part old, part new, as it would
+        between two events applied in-process."""
         gpu, offload = self._held_gpu, self._held_offload
-        if delta.reset:
+        if done == 0 and delta.reset:
             gpu.clear()
             offload.clear()
-        gpu.difference_update(delta.removed_gpu)
-        gpu.update(delta.added_gpu)
-        offload.difference_update(delta.removed_offload)
-        offload.update(delta.added_offload)
-        self._size = delta.size
-        self.overflow = delta.overflow
-        self.fresh = delta.fresh
+        start, end = done, done + budget
+        pos = 0
+        for keys, update in ((delta.removed_gpu, gpu.difference_update), (delta.added_gpu, gpu.update),
+                             (delta.removed_offload, offload.difference_update), (delta.added_offload, offload.update)):
+            n = len(keys)
+            lo, hi = max(start - pos, 0), min(end - pos, n)
+            if lo < hi:
+                update((keys if lo == 0 and hi == n else keys[lo:hi]).tolist())
+            pos += n
+        if end >= pos:
+            self._size = delta.size
+            self.overflow = delta.overflow
+            self.fresh = delta.fresh
+            return pos
+        return end
 
     def clear(self) -> None:
         """Forget everything (the sidecar that filled it is gone)."""

@@ -13,10 +13,10 @@ from router.state.precise_mirror import TableDelta
 
 def test_a_delta_round_trips_with_uint64_keys():
     delta = TableDelta(True, 12, 3, True, array("Q", [1, 2**64 - 1]), array("Q", [5]), array("Q"), array("Q", [7, 8, 9]))
-    data = encode_delta("prefill-é", 2, delta)
+    data = encode_delta("prefill-é", 2, delta, gen=2**32 - 1)
     ((kind, body),) = FrameReader().feed(data)
     assert kind == DELTA
-    assert decode_delta(body) == ("prefill-é", 2, delta)
+    assert decode_delta(body) == ("prefill-é", 2, 2**32 - 1, delta)
 
 
 def test_frames_are_reassembled_from_any_split():
@@ -30,7 +30,7 @@ def test_frames_are_reassembled_from_any_split():
         got.extend(reader.feed(stream[pos:pos + step]))
         pos += step
     assert [k for k, _ in got] == [DELTA] * 20 + [STATS]
-    assert [decode_delta(b)[2].size for _, b in got[:20]] == list(range(20))
+    assert [decode_delta(b).delta.size for _, b in got[:20]] == list(range(20))
 
 
 def test_a_delta_whose_arrays_do_not_fill_it_is_refused():

@@ -1,0 +1,205 @@
+"""The loop's side of the sidecar channel, driven through a real socketpair: over random
+event streams its mirror tables hold what in-process ingestion holds, whatever the slice
+size and however the bytes split; a big delta is applied in slices other tasks run
+between; a delta of a closed subscription never lands, also once the instance is back."""
+
+import asyncio
+import random
+import socket
+
+import pytest
+
+import router.kvevents.sidecar as sidecar_mod
+from router.config.model import load_config
+from router.core.instances import InstancePool
+from router.kvevents import precise_store
+from router.kvevents.apply import TableWriter
+from router.kvevents.sidecar import SidecarIngest
+from router.kvevents.sidecar_wire import STATS, encode_delta, json_frame
+from router.kvevents.source import SourceSpec
+from router.kvevents.wire import decode_batch
+from router.state.memory import MemoryStore
+from router.state.precise import BlockTable
+from router.state.precise_mirror import MirrorTable, TableDelta, TrackedTable
+from array import array
+from helpers import batch, cleared, keys, prompt, removed, stored
+
+
+class Channel:
+    """A ``SidecarIngest`` with no process: the test plays the sidecar on the other end of
+    the socketpair the loop reads, as ``_spawn`` would have set it up."""
+
+    def __init__(self) -> None:
+        config = load_config(overrides={
+            "instances": [{"url": "http://127.0.0.1:9000", "name": "a", "model": "m"}],
+            "hashing": {"mode": "tokens"},
+            "kv_events": {"enabled": True, "discover": False, "sidecar": True,
+                          "sources": {"a": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv"}}},
+        })
+        _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
+        assert isinstance(ingest, SidecarIngest)
+        self.ingest = ingest
+        self.spec = SourceSpec("a", "m", "tcp://127.0.0.1:1", topic="kv")
+        ingest.add_source(self.spec)  # the first subscription of "a": generation 1
+        ours, self.theirs = socket.socketpair()
+        ours.setblocking(False)
+        self.theirs.setblocking(False)
+        ingest._sock = ours
+        asyncio.get_running_loop().add_reader(ours.fileno(), ingest._readable)
+        self.marks = 0
+
+    def mirror(self) -> MirrorTable:
+        table = self.ingest.residency.table("a")
+        assert isinstance(table, MirrorTable)
+        return table
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(self.theirs, data)
+
+    async def settle(self) -> None:
+        """Until everything sent so far is applied: a STATS frame after it is handled in
+        stream order, so its count shows once the deltas before it are in the tables."""
+        self.marks += 1
+        await self.send(json_frame(STATS, {"sources": {}, "receive_errors": self.marks}))
+        deadline = asyncio.get_running_loop().time() + 10
+        while self.ingest.receive_errors != self.marks:
+            assert asyncio.get_running_loop().time() < deadline, "the loop never applied what was sent"
+            await asyncio.sleep(0.001)
+
+    def close(self) -> None:
+        self.ingest._stop_reading()
+        self.theirs.close()
+
+
+def random_batch(rng: random.Random, live: list[tuple[int, list[int]]], next_hash: list[int]) -> bytes:
+    """A vLLM-shaped batch: new chains (some extending a held block), removals of held and
+    unknown blocks on either tier, re-stores, now and then AllBlocksCleared."""
+    events = []
+    for _ in range(rng.randrange(1, 8)):
+        op, medium = rng.random(), ("GPU" if rng.random() < 0.75 else "CPU")
+        if op < 0.5:
+            n = rng.randrange(1, 5)
+            hashes = list(range(next_hash[0], next_hash[0] + n))
+            next_hash[0] += n
+            parent = rng.choice(live)[0] if live and rng.random() < 0.4 else None
+            tokens = prompt(16 * n, seed=rng.randrange(40))  # repeated prompts: shared router keys
+            events.append(stored(hashes, parent, tokens, medium=medium))
+            live.extend((h, tokens) for h in hashes)
+        elif op < 0.75 and live:
+            gone = rng.sample(live, min(len(live), rng.randrange(1, 5)))
+            events.append(removed([h for h, _ in gone] + [10**9 + rng.randrange(5)], medium=medium))
+        elif op < 0.99 and live:
+            h, tokens = rng.choice(live)
+            events.append(stored([h], None, tokens[:16], medium=medium))  # the other tier, or again
+        else:
+            events.append(cleared())
+            live.clear()
+    return batch(*events)
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, monkeypatch):
+    rng = random.Random(seed)
+    monkeypatch.setattr(sidecar_mod, "SLICE_KEYS", rng.choice((1, 3, 7, 64)))
+    ch = Channel()
+    try:
+        reference = TableWriter(BlockTable(32), "m", 16)  # small: evictions too
+        tracked = TableWriter(TrackedTable(32), "m", 16)
+        live: list[tuple[int, list[int]]] = []
+        next_hash = [1]
+        probes = [keys(prompt(64, seed=s)) for s in range(40)]
+        for _ in range(30):
+            stream = b""
+            for _ in range(rng.randrange(1, 4)):  # several deltas per read, split anywhere
+                for _ in range(rng.randrange(0, 6)):
+                    payload = random_batch(rng, live, next_hash)
+                    reference.apply_raw(decode_batch(payload)[1])
+                    tracked.apply_raw(decode_batch(payload)[1])
+                tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
+                delta = tracked.table.take_delta()
+                assert delta is not None
+                stream += encode_delta("a", 0, delta, gen=1)
+            cut = rng.randrange(len(stream) + 1)
+            await ch.send(stream[:cut])
+            await asyncio.sleep(0)
+            await ch.send(stream[cut:])
+            await ch.settle()
+            mirror, ref = ch.mirror(), reference.table
+            assert (mirror._held_gpu, mirror._held_offload) == (set(ref._gpu), set(ref._offload))
+            assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
+            for probe in probes:
+                assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)
+        assert reference.table.overflow > 0 and reference.counters.cleared > 0
+    finally:
+        ch.close()
+
+
+async def test_a_big_delta_is_applied_in_slices_that_other_tasks_run_between():
+    ch = Channel()
+    try:
+        n = 20 * sidecar_mod.SLICE_KEYS
+        big = TableDelta(True, n, 0, False, array("Q", range(1, n + 1)))
+        seen: list[int] = []
+        done = asyncio.Event()
+
+        async def watcher() -> None:  # what a request being routed meanwhile would see
+            while not done.is_set():
+                seen.append(len(ch.mirror()._held_gpu))
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(watcher())
+        await ch.send(encode_delta("a", 0, big, gen=1))
+        await ch.settle()
+        done.set()
+        await task
+        partial = [s for s in seen if 0 < s < n]
+        assert len(set(partial)) >= 5  # the watcher ran between slices, many times
+        assert len(ch.mirror()) == n and ch.mirror().fresh  # the table's state came with the last slice
+    finally:
+        ch.close()
+
+
+async def test_a_delta_of_a_closed_subscription_never_lands_also_once_the_instance_is_back():
+    ch = Channel()
+    try:
+        old = TableDelta(True, 1, 0, False, array("Q", [111]))
+        await ch.ingest.remove_instance("a")
+        ch.ingest.add_source(ch.spec)  # back (e.g. at another URL): generation 2
+        new = TableDelta(True, 1, 0, False, array("Q", [222]))
+        # the sidecar had flushed the old subscription's delta before it read REMOVE
+        await ch.send(encode_delta("a", 0, old, gen=1) + encode_delta("a", 0, new, gen=2))
+        await ch.settle()
+        assert ch.mirror().depth([222], 0.8) == 1.0
+        assert ch.mirror().depth([111], 0.8) == 0.0
+        await ch.ingest.remove_instance("a")
+        await ch.send(encode_delta("a", 0, TableDelta(True, 1, 0, False, array("Q", [333])), gen=2))
+        await ch.settle()
+        assert "a" not in ch.ingest.residency.instances()  # not even a table was made for it
+    finally:
+        ch.close()
+
+
+def test_the_child_sends_its_counters_after_the_deltas_they_count_tagged_with_the_generation():
+    from router.kvevents.sidecar_main import Sidecar, child_config
+    from router.kvevents.sidecar_wire import DELTA, FrameReader, decode_delta
+
+    config = child_config({"hashing": {"mode": "tokens"}, "kv_events": {"enabled": True}})
+    ours, theirs = socket.socketpair()
+    try:
+        child = Sidecar(config, theirs)
+        child.gens["a"] = 7  # as an ADD of the router's 7th subscription set it
+        table = child.residency.table("a")
+        table.store_run([1], [(42,)], 1)
+        table.fresh = True
+        child.send_stats()  # no flush came first: the stats flush the pending delta before them
+        ours.settimeout(5)
+        got: list[tuple[bytes, bytes]] = []
+        reader = FrameReader()
+        while len(got) < 2:
+            got += reader.feed(ours.recv(1 << 16))
+        assert [kind for kind, _ in got] == [DELTA, STATS]
+        frame = decode_delta(got[0][1])
+        assert (frame.instance, frame.gen, list(frame.delta.added_gpu), frame.delta.fresh) == ("a", 7, [42], True)
+    finally:
+        ours.close()
+        theirs.close()
