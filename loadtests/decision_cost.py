@@ -5,10 +5,12 @@ A decision = canonical prompt -> block keys (hash) + residency look-up + scoring
 instance holds prefixes and the request's own prefix sits on a few instances. Measured for
 the memory store and, with ``--redis URL``, the Redis store (round trips counted).
 
-    python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--pd] [--write]
+    python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--pd] [--phases] [--write]
 
 ``--pd`` measures clusters of half prefill, half decode instances instead, where ``ttft``
-prices (P, D) routes.
+prices (P, D) routes. ``--phases`` also prints, for the memory store, the median of each
+phase of a decision timed on its own: hashing, pruning, snapshot, choice (filters, scoring,
+pick), booking (load and the prompt's residency), release.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from loadtests.report import table, write_section  # noqa: E402
 from router.config.model import HashingConfig, PDConfig, PolicyConfig  # noqa: E402
 from router.request.hashing import root_seed, text_block_keys  # noqa: E402
 from router.scheduling import Candidate, RouteRequest, build_policy  # noqa: E402
-from router.scheduling.decide import decide  # noqa: E402
+from router.scheduling.decide import RequestChooser, decide  # noqa: E402
 from router.scheduling.prune import Pruner  # noqa: E402
 from router.state.base import Booking  # noqa: E402
 from router.state.memory import MemoryStore  # noqa: E402
@@ -107,6 +109,46 @@ async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterat
             "server_cpu_us": server_cpu / iterations * 1e6}
 
 
+async def phase_case(n_instances: int, prompt_tokens: int, iterations: int, prune_k: int) -> dict[str, float]:
+    """The phases of ``decide`` on the memory store, each timed alone (same set-up as bench_case)."""
+    rng = random.Random(n_instances * 7 + prompt_tokens)
+    cands = [Candidate(f"i{i}", cache_tokens=2_000_000, prefill_tokens_per_s=10_000) for i in range(n_instances)]
+    ids = [c.id for c in cands]
+    store = await memory_factory()(ids)
+    policy = build_policy(PolicyConfig(seed=1), None)
+    seed = root_seed("m")
+    text = make_text(prompt_tokens, rng)
+    keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
+    for i, inst in enumerate(rng.sample(ids, min(4, n_instances))):
+        depth = max(1, len(keys) * (i + 1) // 5)
+        _, booking = await store.decide(keys[:depth], ids, Forced(f"warm{i}", inst, keys[:depth]))
+        await store.release(booking)
+    for i, inst in enumerate(ids):
+        await store.decide([], [inst], Forced(f"busy{i}", inst, [], prefill=rng.randrange(0, 20_000)))
+    pruner = Pruner(prune_k, random.Random(1))
+    phases: dict[str, list[float]] = {p: [] for p in ("hash", "prune", "snapshot", "choose", "book", "release")}
+    clock = time.perf_counter
+    for it in range(iterations):
+        t0 = clock()
+        k = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
+        t1 = clock()
+        req = RouteRequest(f"r{it}", tuple(k), prompt_tokens, 256, HASHING.block_tokens)
+        pruned = pruner.prune(store, req, cands)
+        chosen, req = (pruned.candidates, pruned.request) if pruned is not None else (cands, req)
+        t2 = clock()
+        snap = store.snapshot_now(req.keys, [c.id for c in chosen])
+        t3 = clock()
+        booking = RequestChooser(policy, req, chosen, None, cands)(snap)
+        t4 = clock()
+        store.book(booking)
+        t5 = clock()
+        await store.release(booking)
+        t6 = clock()
+        for name, a, b in zip(phases, (t0, t1, t2, t3, t4, t5), (t1, t2, t3, t4, t5, t6)):
+            phases[name].append((b - a) * 1e6)
+    return {name: statistics.median(v) for name, v in phases.items()}
+
+
 async def store_cpu(store) -> float:
     """CPU seconds the Redis server has used so far (0 for the memory store): the benchmark's
     redis-server serves nobody else, so its delta is what the decisions (and releases) cost it."""
@@ -165,6 +207,17 @@ async def main(args: argparse.Namespace) -> int:
     out = table(["store", "pruning k", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
                  "total µs (p99)", "router CPU µs / decision", "Redis CPU µs / decision", "Redis round trips / decision"], rows)
     print(out)
+    phase_rows = []
+    if getattr(args, "phases", False) and not args.pd:
+        for k in args.candidates:
+            for n in args.instances:
+                for tokens in args.tokens:
+                    ph = await phase_case(n, tokens, max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1)), k)
+                    phase_rows.append([k or "off", n, tokens, *(f"{v:.0f}" for v in ph.values())])
+        phases = table(["pruning k", "instances", "prompt tokens", "hash µs", "prune µs", "snapshot µs", "choose µs",
+                        "book µs", "release µs"], phase_rows)
+        print(phases)
+        out += "\n\nPhases of a decision on the memory store, each timed alone (medians; `--phases`):\n\n" + phases
     if args.write:
         note = ("Targets: a decision (hash + decide) ≤ 200 µs at 256 instances × 32K tokens and ≤ 1 ms at 1,024 × 128K. "
                 "Every instance carries a request of its own (random booked prefill), the prompt's prefix sits on 4 of them. "
@@ -189,5 +242,6 @@ if __name__ == "__main__":
     p.add_argument("--pd", action="store_true", help="half prefill, half decode instances: (P, D) route pricing")
     p.add_argument("--candidates", type=int, nargs="+", default=[0, PolicyConfig().candidates],
                    help="candidate pruning: holders + this many least-loaded (policy.candidates); 0 = score all")
+    p.add_argument("--phases", action="store_true", help="also time each phase of a memory-store decision alone")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     raise SystemExit(asyncio.run(main(p.parse_args())))

@@ -209,10 +209,13 @@ def test_decision_cost_measures_the_redis_store_in_one_round_trip(redis_url: str
     from loadtests import decision_cost
 
     args = argparse.Namespace(redis=redis_url, instances=[40], tokens=[1024], iterations=5, pd=False, candidates=[0, 4],
-                              write=False)
+                              write=False, phases=True)
     assert asyncio.run(decision_cost.main(args)) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| redis |")]
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| redis |")]
     assert len(rows) == 2 and all(row.rstrip(" |").endswith("| 1") for row in rows)  # one round trip per decision
+    phases = [line for line in out.splitlines() if line.startswith(("| off | 40 | 1024 |", "| 4 | 40 | 1024 |"))]
+    assert len(phases) == 2 and all(len(line.strip(" |").split(" | ")) == 9 for line in phases)  # every phase timed
 
 
 def test_scale_out_end_to_end_with_one_replica(capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,15 +31,16 @@ from pydantic import Field
 from router.config.model import TTFTWeights
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.registry import BuildContext, Params, plugin
-from router.scheduling.scorers import TTFTScorer
+from router.scheduling.scorers import TTFTScorer, shared_ttft
 from router.scheduling.store_cost import reload_seconds_per_token
 
 
 class CacheRoomFilter:
     name = "cache_room"
 
-    def __init__(self, weights: TTFTWeights, displacement: float) -> None:
-        self._ttft = TTFTScorer(weights)
+    def __init__(self, weights: TTFTWeights, displacement: float, ttft: TTFTScorer | None = None) -> None:
+        """``ttft``: the policy's estimator (its ttft scorer), so routes are priced once."""
+        self._ttft = ttft or TTFTScorer(weights)
         self._default_rate = weights.prefill_tokens_per_s
         self._displacement = displacement
 
@@ -55,19 +56,25 @@ class CacheRoomFilter:
         return self._displacement * duplicated * per_token
 
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
-        cached = [r.prefilling.expected_cached_tokens(req) for r in routes]
+        # View.prefilling.expected_cached_tokens, inlined (it runs for every candidate)
+        prompt, block = req.prompt_tokens, req.block_tokens
+        prefilling = [r.prefill or r for r in routes]
+        cached = [(prompt if p.matched_blocks * block > prompt else p.matched_blocks * block) * p.confidence
+                  for p in prefilling]
         held = max(cached, default=0.0)
-        if held < req.block_tokens:
+        if held < block:
             return list(routes), None  # nobody holds this prefix: nothing to protect
         estimates = self._ttft.estimates(req, routes)
-        floor = held - req.block_tokens  # a block short of the deepest still counts as a holder
+        floor = held - block  # a block short of the deepest still counts as a holder
         home = min(e for e, c in zip(estimates, cached) if c >= floor)
         kept: list[View] = []
         copies = 0
-        for r, e, c in zip(routes, estimates, cached):
+        store, price, rate = req.store is not None, self._displacement, self._default_rate
+        for r, p, e, c in zip(routes, prefilling, estimates, cached):
             if c >= floor:
                 kept.append(r)
-            elif e + self.displacement_s(req, r, held) < home:
+            elif e + (self.displacement_s(req, r, held) if store else
+                      price * (held - c) * (1.0 / (p.candidate.prefill_tokens_per_s or rate))) < home:
                 kept.append(r)
                 copies += 1
         if len(kept) == len(routes):
@@ -117,7 +124,7 @@ class RendezvousParams(Params):
 @plugin("filter", "cache_room", CacheRoomParams)
 def cache_room(params: CacheRoomParams, ctx: BuildContext) -> CacheRoomFilter:
     """Keep a prefix at its holders unless a copy's TTFT gain pays for the cache it displaces."""
-    return CacheRoomFilter(ctx.policy.ttft, params.displacement)
+    return CacheRoomFilter(ctx.policy.ttft, params.displacement, shared_ttft(ctx))
 
 
 @plugin("picker", "rendezvous", RendezvousParams)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from router.core.instances import Candidate
 from router.scheduling.framework import RouteRequest
@@ -38,6 +38,20 @@ class Pruner:
     def __init__(self, k: int, rng: random.Random) -> None:
         self.k = k
         self._rng = rng
+        # The last pool pruned, and what was derived from it: consecutive decisions mostly see
+        # the same pool (the same Candidate objects), and rebuilding these was most of
+        # pruning's cost at a thousand instances.
+        self._pool: list[Candidate] = []
+        self._ids: list[str] = []
+        self._by_id: dict[str, Candidate] = {}
+
+    def _index_pool(self, candidates: Sequence[Candidate]) -> tuple[list[str], dict[str, Candidate]]:
+        pool = candidates if isinstance(candidates, list) else list(candidates)
+        if pool != self._pool:  # identical objects compare in C without calling __eq__
+            self._pool = list(pool)
+            self._ids = [c.id for c in pool]
+            self._by_id = dict(zip(self._ids, pool))
+        return self._ids, self._by_id
 
     def prune(self, store: StateStore, req: RouteRequest, candidates: Sequence[Candidate]) -> Pruned | None:
         """The candidates worth scoring, or None to score them all (small pool, no index)."""
@@ -47,15 +61,19 @@ class Pruner:
         index = store.load_index()
         if index is None:
             return None
-        ids = [c.id for c in candidates]
-        by_id = dict(zip(ids, candidates))
+        ids, by_id = self._index_pool(candidates)
         chosen: dict[str, None] = {}
         if req.keys:
             for inst in store.first_block_holders(req.keys[0]):
                 if inst in by_id:
                     chosen[inst] = None
         loaded = index.loaded
-        idle = [i for i in ids if i not in loaded and i not in chosen]
+        # Idle non-holders, in pool order (the seeded sample depends on it). When every loaded
+        # instance is in the pool (no retry exclusions: the usual case) their number is a
+        # subtraction, so a busy pool costs no pass over it beyond one C-level subset test.
+        inside = loaded.keys() <= by_id.keys()
+        unloaded = by_id.keys() - loaded.keys() - chosen.keys() if not inside or len(by_id) > len(loaded) else ()
+        idle = [i for i in ids if i in unloaded] if unloaded else []
         take = self._rng.sample(idle, k) if len(idle) > k else idle
         chosen.update(dict.fromkeys(take))
         if len(take) < k:
@@ -66,5 +84,7 @@ class Pruner:
                     need -= 1
                     if not need:
                         break
-        total = index.total_requests - sum(index.requests(i) for i in loaded.keys() - by_id.keys())
-        return Pruned([by_id[i] for i in chosen], replace(req, population=(total, len(candidates))))
+        total = index.total_requests
+        if not inside:
+            total -= sum(index.requests(i) for i in loaded.keys() - by_id.keys())
+        return Pruned([by_id[i] for i in chosen], req.with_population((total, len(candidates))))

@@ -25,7 +25,7 @@ import importlib.metadata
 import random
 import types
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict
@@ -58,11 +58,14 @@ class NoParams(Params):
 class BuildContext:
     """What a factory may read besides its own parameters: the policy config (its
     ``ttft`` and ``cache_aware`` sections), the PD config (None when the cluster has no
-    prefill pool) and the policy's seeded RNG, shared by all its plugins."""
+    prefill pool) and the policy's seeded RNG, shared by all its plugins; ``shared``: objects
+    its plugins share by name (one TTFT estimator for the cache-room filter and the ttft
+    scorer, so a decision prices each candidate once)."""
 
     policy: PolicyConfig
     pd: PDConfig | None
     rng: random.Random
+    shared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def require_pd(self, what: str) -> PDConfig:
         if self.pd is None:

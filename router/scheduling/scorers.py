@@ -70,12 +70,16 @@ class TTFTScorer:
     whole pairs.
 
     ``estimates`` inlines cost.colocated_ttft because it runs for every candidate of
-    every decision (tests/scheduling check that the two agree)."""
+    every decision (tests/scheduling check that the two agree), and keeps the last call's
+    figures: the cache-room filter prices the routes first, then this scorer the ones it
+    kept (the same view objects of the same request), so each candidate is priced once."""
 
     name = "ttft"
 
     def __init__(self, weights: TTFTWeights) -> None:
         self._weights = weights
+        # (request, id(view) -> estimate, the views): holding the views keeps their ids unique
+        self._last: tuple[RouteRequest, dict[int, float], Sequence[View]] | None = None
 
     def estimate(self, req: RouteRequest, route: View) -> float:
         return colocated_ttft(req, route.prefilling, self._weights).total_s
@@ -90,6 +94,17 @@ class TTFTScorer:
                 "uncached_tokens": float(t.uncached_tokens)}
 
     def estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        last = self._last
+        if last is not None and last[0] is req:
+            known = last[1]
+            again = [known.get(id(r)) for r in routes]
+            if None not in again:
+                return again  # type: ignore[return-value]
+        out = self._estimates(req, routes)
+        self._last = (req, dict(zip(map(id, routes), out)), tuple(routes))
+        return out
+
+    def _estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         w = self._weights
         if req.store is not None:  # a load from the shared store competes with the compute (store_cost.py)
             return [colocated_ttft(req, r.prefilling, w).total_s for r in routes]
@@ -160,7 +175,15 @@ def queue(params: NoParams, ctx: BuildContext) -> QueueScorer:
     return QueueScorer()
 
 
+def shared_ttft(ctx: BuildContext) -> TTFTScorer:
+    """The policy's one TTFT estimator (its plugins price a route once per decision)."""
+    scorer = ctx.shared.get("ttft")
+    if not isinstance(scorer, TTFTScorer):
+        scorer = ctx.shared["ttft"] = TTFTScorer(ctx.policy.ttft)
+    return scorer
+
+
 @plugin("scorer", "ttft")
 def ttft(params: NoParams, ctx: BuildContext) -> TTFTScorer:
     """best / estimated colocated TTFT, with the rates and costs of policy.ttft."""
-    return TTFTScorer(ctx.policy.ttft)
+    return shared_ttft(ctx)

@@ -7,7 +7,6 @@ book) is atomic with respect to every other request in the process.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from collections.abc import Callable, Mapping, Sequence
 
 from router.state.base import Booking, Chooser, Leg, Load, Snapshot, StateStore
@@ -46,14 +45,16 @@ class MemoryStore(StateStore):
     def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         """``snapshot`` without awaiting, for callers that read and act in one step with no
         await in between (a decision here, the Redis store's decisions on its local mirror)."""
-        matched = self._residency.matched(keys, instances, self._clock())
-        loads = self._loads
-        loads = {i: loads.get(i, _IDLE) for i in instances}
-        if self._heads:
-            now = self._clock()
-            for i, (_, since, work) in self._heads.items():
-                if i in loads:
-                    loads[i] = replace(loads[i], prefill_started_s=max(0.0, now - since), prefill_head_tokens=work)
+        now = self._clock()
+        matched = self._residency.matched(keys, instances, now)
+        booked, heads = self._loads, self._heads
+        if not heads:
+            loads = {i: booked.get(i, _IDLE) for i in instances}
+        else:  # per candidate, not per queue: a decision scores a few dozen of a thousand queues
+            loads = {}
+            for i in instances:
+                load, head = booked.get(i, _IDLE), heads.get(i)
+                loads[i] = load if head is None else load.with_head(max(0.0, now - head[1]), head[2])
         return Snapshot(matched, loads, self._residency.confidences(keys, matched))
 
     def load_of(self, instance: str) -> Load:

@@ -5,6 +5,19 @@ there, and one call costs the server less than several). Redis Cluster: the ops 
 hash tag, one call per tag, all in one pipeline; redis-py sends each node its share
 concurrently, so the round trip is still one (the slowest node's). Ops of one tag keep
 their order; ops of different tags touch different keys, so their order does not matter.
+
+Resharding (a slot moving to another node): redis-py follows MOVED (patching its slot map,
+never re-reading the whole topology: ``reinitialize_steps=0``, since a full refresh closes
+every node's connections under the other requests in flight) and ASK, and retries TRYAGAIN
+for a while. A script declaring several keys of a slot being migrated gets TRYAGAIN as long
+as one of them exists on neither node yet (a residency look-up always declares blocks never
+seen), so a call whose slot is still moving is sent once more after ``slot_retry_s``; if
+its slot is still moving then and it only touches residency (a look-up and its records,
+unholds, forget marks), it is skipped: its replies are None and the store decides on its
+own residency view for that call (``residency_skipped``). Booked load is never skipped: a
+booking that cannot land fails the call, as an outage does. Every op is idempotent (a
+booking is applied once per id, releases and records re-apply to the same state), so the
+second send is safe even when the first one ran.
 """
 
 from __future__ import annotations
@@ -16,12 +29,25 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from router.state.redis_layout import Arg, Op
 
 # What a failed call can raise (RedisClusterException is not a RedisError).
 FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
+# What a call whose slot is moving ends with once redis-py's own redirects gave up: MOVED and
+# ASK (MovedError is an AskError), TRYAGAIN, CLUSTERDOWN and "TTL exhausted" (ClusterErrors),
+# a slot no node claims for a moment.
+SLOT_MOVING: tuple[type[BaseException], ...] = (AskError, TryAgainError, ClusterError, SlotNotCoveredError)
+RESIDENCY_OPS = frozenset("LUG")  # ops on residency shards only (redis_layout.Layout)
 
 
 class LinearPackConnection(Connection):
@@ -49,7 +75,7 @@ def cluster_client(url: str, **opts: Any) -> aioredis.RedisCluster:
     ``connection_class=Connection`` in the kwargs it hands every node it discovers, so it is
     swapped there (shared with its NodesManager) and on the seed nodes already built;
     tests/state/test_sharding.py checks it holds for every node."""
-    client = aioredis.RedisCluster.from_url(url, **opts)
+    client = aioredis.RedisCluster.from_url(url, reinitialize_steps=0, **opts)
     client.connection_kwargs["connection_class"] = LinearPackConnection
     for node in client.startup_nodes:
         node.connection_class = LinearPackConnection
@@ -72,18 +98,22 @@ def _encode(ops: Sequence[Op]) -> tuple[list[str], list[Arg]]:
 class Runner:
     """Runs ops on a standalone client or a Cluster client, loading the script when missing."""
 
-    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, cluster: bool) -> None:
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, cluster: bool, slot_retry_s: float = 0.05) -> None:
         self._client = client
         self._cluster = cluster
         self._source = script_source()
         self._sha = ""
+        self._slot_retry_s = slot_retry_s
+        self.slot_retries = 0  # Cluster calls sent again because their slot was moving
+        self.residency_skipped = 0  # residency-only calls given up on while their slot moved
 
     async def load(self) -> None:
         """SCRIPT LOAD (on every primary of a Cluster)."""
         self._sha = str(await self._client.script_load(self._source))
 
     async def run(self, ops: Sequence[Op]) -> list[Any]:
-        """Every op's reply, in order, after one round trip."""
+        """Every op's reply, in order, after one round trip (None for the ops of a skipped
+        residency call: module docstring)."""
         if not ops:
             return []
         if not self._sha:
@@ -104,22 +134,51 @@ class Runner:
         groups: dict[str, list[int]] = {}
         for i, op in enumerate(ops):
             groups.setdefault(op.tag, []).append(i)
-        client = self._client
-        assert isinstance(client, aioredis.RedisCluster)
-        if len(groups) == 1:
-            keys, argv = _encode(ops)
-            return list(await client.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv,
-                                                     target_nodes=client.get_node_from_key(ops[0].tag)))
-        pipe = client.pipeline()
-        for tag, indices in groups.items():
-            keys, argv = _encode([ops[i] for i in indices])
-            # execute_command: redis-py blocks the evalsha helper on Cluster pipelines, not the command.
-            # target_nodes: the node of the tag's slot, looked up once instead of redis-py hashing every
-            # key of the call (a 512-block prompt's KEYS) to check they share it; a MOVED answer
-            # (resharding) is re-sent by redis-py without it, by key.
-            pipe.execute_command("EVALSHA", self._sha, len(keys), *keys, *argv, target_nodes=client.get_node_from_key(tag))
+        results = await self._groups(ops, groups)
+        moving = {tag: indices for tag, indices in groups.items() if isinstance(results[tag], SLOT_MOVING)}
+        if moving:  # its slot is moving: once more, on the slot map redis-py patched meanwhile
+            self.slot_retries += 1
+            await asyncio.sleep(self._slot_retry_s)
+            results.update(await self._groups(ops, moving))
         replies: list[Any] = [None] * len(ops)
-        for indices, reply in zip(groups.values(), await pipe.execute()):
-            for i, one in zip(indices, reply):
+        for tag, indices in groups.items():
+            result = results[tag]
+            if isinstance(result, BaseException):
+                if isinstance(result, SLOT_MOVING) and all(ops[i].code in RESIDENCY_OPS for i in indices):
+                    self.residency_skipped += 1
+                    continue
+                raise result
+            for i, one in zip(indices, result):
                 replies[i] = one
         return replies
+
+    async def _groups(self, ops: Sequence[Op], groups: dict[str, list[int]]) -> dict[str, Any]:
+        """One call per tag, all in one round trip: tag -> its replies, or what it raised."""
+        client = self._client
+        assert isinstance(client, aioredis.RedisCluster)
+        calls = []
+        for tag, indices in groups.items():
+            keys, argv = _encode([ops[i] for i in indices])
+            calls.append(("EVALSHA", self._sha, len(keys), *keys, *argv))
+        results: list[Any]
+        if len(calls) == 1:
+            tag = next(iter(groups))
+            try:
+                results = [await client.execute_command(*calls[0], target_nodes=client.get_node_from_key(tag))]
+            except (RedisError, RedisClusterException) as exc:
+                results = [exc]
+        else:
+            pipe = client.pipeline()
+            for tag, call in zip(groups, calls):
+                # execute_command: redis-py blocks the evalsha helper on Cluster pipelines, not the command.
+                # target_nodes: the node of the tag's slot, looked up once instead of redis-py hashing every
+                # key of the call (a 512-block prompt's KEYS) to check they share it; a redirected call is
+                # re-sent by redis-py without it, by key.
+                pipe.execute_command(*call, target_nodes=client.get_node_from_key(tag))
+            results = await pipe.execute(raise_on_error=False)
+        for result in results:
+            if isinstance(result, NoScriptError):
+                raise result
+            if isinstance(result, BaseException) and not isinstance(result, (RedisError, RedisClusterException)):
+                raise result
+        return {tag: (result if isinstance(result, BaseException) else list(result)) for tag, result in zip(groups, results)}

@@ -31,6 +31,7 @@ one Cluster node.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import struct
 from dataclasses import dataclass, field
 
 import xxhash
@@ -38,6 +39,7 @@ import xxhash
 from router.state.base import Leg
 
 Arg = str | int | float
+_NAMES_MAX = 65_536  # block names remembered (~100 bytes each)
 _HEX = "{:016x}"  # block keys are 64-bit: fixed width, so a script can index them
 
 
@@ -57,6 +59,8 @@ class Layout:
         self.residency_shards = residency_shards
         self.instance_shards = instance_shards
         self._inst_tags: dict[str, str] = {}
+        self._names: dict[str, dict[int, str]] = {}  # residency tag -> block key -> its residency key
+        self._named = 0
 
     # -- names ---------------------------------------------------------------------------
     def residency_shard(self, first_key: int) -> int:
@@ -95,7 +99,12 @@ class Layout:
 
     @staticmethod
     def hex_blocks(keys: Sequence[int]) -> str:
-        return "".join(map(_HEX.format, keys))
+        """Block keys as one string of 16 hex digits each: packed big-endian and hexed in C
+        (14 vs 195 us for 512 blocks by format per key); by format for a key outside 64 bits."""
+        try:
+            return struct.pack(f">{len(keys)}Q", *keys).hex()
+        except struct.error:
+            return "".join(map(_HEX.format, keys))
 
     @staticmethod
     def parse_member(member: str) -> tuple[int, str]:
@@ -107,8 +116,28 @@ class Layout:
     def lookup(self, keys: Sequence[int], record: Sequence[str], ttl_ms: int) -> Op:
         """Depth of every holder of ``keys[0]``, then record ``keys`` on ``record``."""
         tag = self.residency_tag(self.residency_shard(keys[0]))
+        return Op("L", tag, [tag + ":fg", *self._block_names(tag, keys)], [ttl_ms, len(record), *record])
+
+    def _block_names(self, tag: str, keys: Sequence[int]) -> list[str]:
+        """The residency keys of ``keys``' blocks in shard ``tag``, remembered (a hot prompt's
+        hundreds of names are the same on every decision: a C-level look-up each instead of
+        formatting and concatenating). Bounded: forgotten all at once past ``_NAMES_MAX``."""
+        memo = self._names.get(tag)
+        if memo is not None:
+            try:
+                return list(map(memo.__getitem__, keys))
+            except KeyError:
+                pass
         block = tag + ":b:"
-        return Op("L", tag, [tag + ":fg", *(block + str(k) for k in keys)], [ttl_ms, len(record), *record])
+        names = [block + str(k) for k in keys]
+        if self._named + len(names) > _NAMES_MAX:
+            self._names.clear()
+            self._named = 0
+        memo = self._names.setdefault(tag, {})
+        before = len(memo)
+        memo.update(zip(keys, names))
+        self._named += len(memo) - before
+        return names
 
     def unhold(self, shard: int, pairs: Sequence[tuple[str, str]]) -> Op:
         """Take back residency entries (block key, instance) of one residency shard."""

@@ -132,6 +132,16 @@ class RedisStore(StateStore):
         return self._breaker.open
 
     @property
+    def slot_retries(self) -> int:
+        """Cluster calls sent a second time because their slot was moving (resharding)."""
+        return self._runner.slot_retries if self._runner is not None else 0
+
+    @property
+    def residency_skipped(self) -> int:
+        """Residency calls given up on while their slot moved (decided on this replica's view)."""
+        return self._runner.residency_skipped if self._runner is not None else 0
+
+    @property
     def layout(self) -> Layout:
         return self._layout
 
@@ -198,17 +208,18 @@ class RedisStore(StateStore):
         return ops
 
     def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int],
-                known: Mapping[str, int] | None = None) -> tuple[dict[str, int], dict[str, Load]]:
-        """Holders' depths and shared loads from the replies; learn from them (mirror,
-        shared view, load index) and queue the residency entries evicted by capacity.
-        ``known``: depths the mirror already had (those need no recording again)."""
-        depth: dict[str, int] = {}
+                known: Mapping[str, int] | None = None) -> tuple[dict[str, int] | None, dict[str, Load]]:
+        """Holders' depths (None when the look-up was skipped while its slot moved:
+        redis_calls.py) and shared loads from the replies; learn from them (mirror, shared
+        view, load index) and queue the residency entries evicted by capacity. ``known``:
+        depths the mirror already had (those need no recording again)."""
+        depth: dict[str, int] | None = {}
         loads: dict[str, Load] = {}
         first_lookup = True
         for op, reply in zip(ops, replies):
             if op.code == "L":
                 if first_lookup:
-                    depth = {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
+                    depth = None if reply is None else {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
                     first_lookup = False
             elif op.code == "B":
                 read = op.args[4:4 + int(op.args[3])]
@@ -227,7 +238,7 @@ class RedisStore(StateStore):
         remote.update(loads)
         self._reindex(changed)
         known = known or {}
-        for inst, d in depth.items():
+        for inst, d in (depth or {}).items():
             if d > known.get(inst, 0):
                 self._mirror.record_residency(inst, keys[:d])
         return depth, loads
@@ -235,6 +246,8 @@ class RedisStore(StateStore):
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         ops = self._read_ops(keys, instances, None, record=False)
         depth, loads = self._absorb(ops, await self._call(ops), keys)
+        if depth is None:  # the residency shard is moving: this replica's own view of it
+            depth = self._mirror.snapshot_now(keys, instances).matched
         return Snapshot({i: depth.get(i, 0) for i in instances}, {i: loads.get(i, _IDLE) for i in instances})
 
     # -- candidate pruning -----------------------------------------------------------------
@@ -268,6 +281,8 @@ class RedisStore(StateStore):
         if self._uncertain:
             await self._settle()
         depth, _ = self._absorb(ops, replies, keys, local.matched)
+        if depth is None:  # the residency shard is moving: what this replica knows of it
+            depth = {i: d for i, d in local.matched.items() if d}
         considered = list(instances)
         known = set(considered)
         missed = [i for i in depth if i not in known]

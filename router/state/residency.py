@@ -72,13 +72,24 @@ class ResidencyIndex:
         listed = len(lru)
         # Stamps tail first, so the head is the newest; new keys land at the end in that order,
         # the held run is moved behind them: the tail of the LRU reads keys reversed.
-        lru.update(zip(reversed(keys), range(stamp + 1, stamp + n + 1)))
-        if len(lru) - listed != n - held:  # not one run after all (never seen): list every key the slow way
-            held = 0
+        lru.update(zip(islice(reversed(keys), n - held), range(stamp + 1, stamp + n - held + 1)))
+        whole = len(lru) - listed == n - held  # the new keys were all new: the held run is one run
+        if whole and held:
+            run = keys[held - 1 :: -1] if isinstance(keys, (list, tuple)) else list(islice(reversed(keys), n - held, None))
+            try:
+                deque(map(lru.move_to_end, run), maxlen=0)
+            except KeyError:  # a block inside the run was taken back (unrecord): not one run after all
+                whole = False
+            else:
+                # Every key of the held run is listed (move_to_end just found each), so
+                # restamping them only replaces values: dict.update does that in place,
+                # leaving the OrderedDict's links as they are, at half the cost of
+                # OrderedDict.__setitem__ (a hot prefix restamps hundreds of keys per decision).
+                dict.update(lru, zip(run, range(stamp + n - held + 1, stamp + n + 1)))
+        if not whole:  # list and restamp every key the slow way
+            lru.update(zip(islice(reversed(keys), n - held, None), range(stamp + n - held + 1, stamp + n + 1)))
             for key in reversed(keys):
                 lru.move_to_end(key)
-        elif held:
-            deque(map(lru.move_to_end, islice(reversed(keys), n - held, None)), maxlen=0)
         self._heads.setdefault(keys[0], {})[instance] = None
         self._stamp[instance] = stamp + n
         marks = self._marks.get(instance)

@@ -112,3 +112,24 @@ async def test_every_key_a_script_touches_is_declared(redis_url, key_prefix):
             assert args[1] in declared, args
             checked += 1
     assert checked > 50, seen[:5]
+
+
+def test_block_keys_are_written_the_same_way_however_they_are_formatted():
+    """hex_blocks packs 64-bit keys in C; the names of a prompt's blocks are remembered: both
+    must give what formatting each key gives."""
+    import random
+
+    from router.state.redis_layout import Layout
+
+    rng = random.Random(3)
+    keys = [rng.getrandbits(64) for _ in range(300)] + [0, 1, 2**64 - 1]
+    assert Layout.hex_blocks(keys) == "".join(f"{k:016x}" for k in keys)
+    assert Layout.hex_blocks([-1, 5]) == "".join(f"{k:016x}" for k in (-1, 5))  # outside 64 bits: formatted
+    lay = Layout("p", residency_shards=4)
+    for _ in range(2):  # the second time from memory
+        op = lay.lookup(keys, ["i1"], 1000)
+        tag = lay.residency_tag(lay.residency_shard(keys[0]))
+        assert list(op.keys) == [tag + ":fg", *(f"{tag}:b:{k}" for k in keys)]
+    other = lay.lookup([keys[0] + 1, *keys[1:]], [], 1000)  # the same blocks after another first block
+    tag = lay.residency_tag(lay.residency_shard(keys[0] + 1))
+    assert list(other.keys) == [tag + ":fg", *(f"{tag}:b:{k}" for k in [keys[0] + 1, *keys[1:]])]

@@ -1,0 +1,97 @@
+"""``ResidencyIndex.record`` restamps a held run in place (dict.update on the OrderedDict)
+instead of through OrderedDict.__setitem__: the index must end up exactly as the plain
+per-key version left it (same keys, same order, same stamps, same first-key index), so
+every answer (matched depths, holders, confidence, eviction order) is unchanged."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+from router.state.residency import ResidencyIndex, _leading_run
+
+
+class PerKeyResidency(ResidencyIndex):
+    """The record of before the change, one OrderedDict write per key: the reference."""
+
+    def record(self, instance: str, keys: Sequence[int], cap: int, now: float) -> None:
+        if not keys:
+            return
+        lru = self._lru.get(instance)
+        if lru is None:
+            lru = self._lru[instance] = OrderedDict()
+        self._cap[instance] = cap
+        n, stamp = len(keys), self._stamp.get(instance, 0)
+        dead = self._horizon(instance, now)
+        held = _leading_run(lru, keys)
+        listed = len(lru)
+        for key, s in zip(reversed(keys), range(stamp + 1, stamp + n + 1)):
+            lru[key] = s
+        if len(lru) - listed != n - held:
+            for key in reversed(keys):
+                lru.move_to_end(key)
+        elif held:
+            for key in keys[held - 1 :: -1]:
+                lru.move_to_end(key)
+        self._heads.setdefault(keys[0], {})[instance] = None
+        self._stamp[instance] = stamp + n
+        marks = self._marks.setdefault(instance, deque())
+        if marks and now - marks[-1][0] < self._mark_s:
+            marks[-1] = (max(now, marks[-1][0]), stamp + n)
+        else:
+            marks.append((now, stamp + n))
+        while len(lru) > cap:
+            old, _ = lru.popitem(last=False)
+            self._drop(old, instance)
+        while lru:
+            old, oldest = next(iter(lru.items()))
+            if oldest > dead:
+                break
+            del lru[old]
+            self._drop(old, instance)
+
+
+def _prompts(rng: random.Random) -> list[tuple[int, ...]]:
+    """Chained-key prompts sharing prefixes (a few system prompts, each with many turns)."""
+    out = []
+    for s in range(4):
+        system = [1_000_000 * (s + 1) + j for j in range(rng.randint(1, 30))]
+        for t in range(8):
+            out.append(tuple(system + [1_000_000 * (s + 1) + 1000 * (t + 1) + j for j in range(rng.randint(0, 40))]))
+    return out
+
+
+def _state(index: ResidencyIndex) -> tuple[object, ...]:
+    return ({i: list(lru.items()) for i, lru in index._lru.items()}, {k: list(v) for k, v in index._heads.items()},
+            dict(index._stamp), {i: list(m) for i, m in index._marks.items()})
+
+
+def test_record_leaves_the_index_exactly_as_the_per_key_version():
+    for seed in range(30):
+        rng = random.Random(seed)
+        prompts = _prompts(rng)
+        fast, ref = ResidencyIndex(60.0), PerKeyResidency(60.0)
+        now = 0.0
+        for step in range(400):
+            inst = f"i{rng.randrange(3)}"
+            prompt = rng.choice(prompts)
+            keys = prompt[: rng.randint(1, len(prompt))]
+            action = rng.random()
+            if action < 0.8:
+                cap = rng.choice([20, 60, 500])
+                fast.record(inst, keys, cap, now)
+                ref.record(inst, keys, cap, now)
+            elif action < 0.9:  # an abandoned request takes back what it added beyond a depth
+                depth = rng.randint(0, len(keys))
+                fast.unrecord(inst, keys[depth:])
+                ref.unrecord(inst, keys[depth:])
+            else:
+                now += rng.choice([0.5, 5.0, 40.0])
+            assert _state(fast) == _state(ref), (seed, step)
+            query = rng.choice(prompts)
+            instances = ["i0", "i1", "i2"]
+            matched = fast.matched(query, instances, now)
+            assert matched == ref.matched(query, instances, now)
+            assert fast.confidences(query, matched) == ref.confidences(query, matched)
+            assert fast.holders(query[0], now) == ref.holders(query[0], now)
