@@ -43,7 +43,7 @@ from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
 from router.state.redis_queue import WriteQueue
-from router.state.redis_views import merged, parse_load, shard_reads
+from router.state.redis_views import book_reply, merged, merged_loads, shard_reads
 
 log = logging.getLogger(__name__)
 
@@ -222,17 +222,9 @@ class RedisStore(StateStore):
                     depth = None if reply is None else {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
                     first_lookup = False
             elif op.code == "B":
-                read = op.args[4:4 + int(op.args[3])]
-                memo = self._parsed
-                for inst, packed in zip(read, reply[0]):
-                    loads[str(inst)] = parse_load(packed, memo)
-                low = reply[1]
-                for j in range(0, len(low), 2):
-                    loads.setdefault(low[j], parse_load(low[j + 1], memo))
-                evicted = reply[2]
-                for j in range(0, len(evicted), 2):
-                    shard, key = self._layout.parse_member(evicted[j + 1])
-                    self._writes.unhold(shard, [(key, evicted[j])])
+                for instance, member in book_reply(op, reply, loads, self._parsed):
+                    shard, key = self._layout.parse_member(member)
+                    self._writes.unhold(shard, [(key, instance)])
         remote = self._remote
         changed = [inst for inst, load in loads.items() if remote.get(inst) != load]
         remote.update(loads)
@@ -306,22 +298,9 @@ class RedisStore(StateStore):
         return snap, booking
 
     def _merged_view(self, snap: Snapshot, minus: Booking | None = None) -> Snapshot:
-        """Per instance, the larger of this replica's own bookings and the shared view.
-
-        Own bookings reach Redis one round trip late, the shared view lacks those still
-        in flight; the field-wise max is a lower bound of the truth that sees both."""
-        legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
-        remote = self._remote
-        loads = {}
-        for inst, own in snap.loads.items():
-            leg = legs.get(inst)
-            if leg is not None:
-                own = Load(max(0, own.requests - 1), max(0, own.prefill_tokens - leg.prefill_tokens),
-                           max(0, own.kv_tokens - leg.kv_tokens), max(0, own.transfers - leg.transfers),
-                           max(0, own.transfer_bytes - leg.transfer_bytes))
-            other = remote.get(inst, _IDLE)
-            loads[inst] = own if other is _IDLE or other == own else merged(own, other)
-        return Snapshot(snap.matched, loads, snap.confidence)  # confidence: this replica's mirror's (LRU position)
+        """Per instance, the larger of this replica's own bookings and the shared view
+        (redis_views.merged_loads); confidence stays this replica's mirror's (LRU position)."""
+        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus), snap.confidence)
 
     async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the

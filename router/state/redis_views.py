@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from router.state.base import Booking, Leg, Load
-from router.state.redis_layout import Layout
+from router.state.redis_layout import Layout, Op
 
 _IDLE = Load()
 
@@ -56,3 +57,35 @@ def shard_reads(layout: Layout, instances: Sequence[str], booking: Booking | Non
                 entry = shards[tag] = ([], [])
             entry[1].append(leg)
     return shards
+
+
+def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], minus: Booking | None = None) -> dict[str, Load]:
+    """Per instance, the field-wise max of this replica's own bookings and the shared view.
+
+    Own bookings reach Redis one round trip late, the shared view lacks those still in
+    flight; the max is a lower bound of the truth that sees both. ``minus``: a booking of
+    this replica's own that the shared view does not hold yet, taken out of ``own``."""
+    legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
+    loads = {}
+    for inst, mine in own.items():
+        leg = legs.get(inst)
+        if leg is not None:
+            mine = Load(max(0, mine.requests - 1), max(0, mine.prefill_tokens - leg.prefill_tokens),
+                        max(0, mine.kv_tokens - leg.kv_tokens), max(0, mine.transfers - leg.transfers),
+                        max(0, mine.transfer_bytes - leg.transfer_bytes))
+        other = remote.get(inst, _IDLE)
+        loads[inst] = mine if other is _IDLE or other == mine else merged(mine, other)
+    return loads
+
+
+def book_reply(op: Op, reply: Any, loads: dict[str, Load], memo: dict[str, Load]) -> list[tuple[str, str]]:
+    """Read one book op's reply: the loads it read and its shard's least-loaded go into
+    ``loads``; returns (instance, residency member) of each entry capacity evicted."""
+    read = op.args[4:4 + int(op.args[3])]
+    for inst, packed in zip(read, reply[0]):
+        loads[str(inst)] = parse_load(packed, memo)
+    low = reply[1]
+    for j in range(0, len(low), 2):
+        loads.setdefault(low[j], parse_load(low[j + 1], memo))
+    evicted = reply[2]
+    return [(evicted[j], evicted[j + 1]) for j in range(0, len(evicted), 2)]
