@@ -91,6 +91,8 @@ class FastCycle(RequestResponseCycle):
             if self.expected_content_length != 0:
                 raise RuntimeError("Response content shorter than Content-Length")
             self.response_complete = True
+            # scope -> bound method -> cycle -> scope is a reference cycle: left to the GC otherwise
+            self.scope.pop(WHOLE_KEY, None)  # type: ignore[misc]
             self.message_event.set()
             if not self.keep_alive:
                 self.transport.close()

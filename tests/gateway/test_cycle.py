@@ -84,11 +84,13 @@ async def test_a_head_whose_body_does_not_follow_at_once_is_written_alone():
 async def test_a_whole_answer_is_one_write_of_the_same_bytes(keep_alive):
     theirs, _ = await play(RequestResponseCycle, JSON, keep_alive)
     c, transport, finished = cycle(FastCycle, keep_alive)
-    await c.scope[WHOLE_KEY](200, JSON[0]["headers"], JSON[1]["body"])
+    whole = c.scope[WHOLE_KEY]
+    await whole(200, JSON[0]["headers"], JSON[1]["body"])
     assert transport.writes == [b"".join(theirs.writes)]
     assert c.response_complete and finished == [1] and transport.closed is (not keep_alive)
+    assert WHOLE_KEY not in c.scope  # no scope -> cycle -> scope reference cycle left for the GC
     with pytest.raises(RuntimeError):
-        await c.scope[WHOLE_KEY](200, [], b"")
+        await whole(200, [], b"")
 
 
 async def test_uvicorns_checks_hold():
