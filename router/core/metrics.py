@@ -20,7 +20,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from router.core.exposition import BuildInfo, WorkerProcesses, multiprocess_dir
-from router.core.tally import CounterTally, FlushBeforeCollect, HistogramTally, Tally
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -62,13 +61,6 @@ class Metrics:
         self.generation = 0  # bumped when an engine's series are dropped (for caches of label children)
         self._children: dict[tuple[str, ...], Any] = {}
         self.registry = CollectorRegistry()
-        # Single process: counter and histogram children from ``child`` add up in place and are
-        # written out when the registry is collected (router/core/tally.py); registered first,
-        # so that the metrics collected after it see the sums.
-        self._tallied = not self.multiprocess_path
-        self._flusher = FlushBeforeCollect(self._tallies)
-        if self._tallied:
-            self.registry.register(self._flusher)
         # In multiprocess mode the metric objects only feed the shared files; the served
         # registry reads those files (all workers) rather than this process's objects.
         r = CollectorRegistry() if self.multiprocess_path else self.registry
@@ -166,7 +158,6 @@ class Metrics:
         last health and load values are not reported forever. In multiprocess mode the values
         already written to the shared files stay until the workers restart."""
         self.generation += 1  # whoever caches label children drops them
-        self._flusher.flush()  # what the tallies hold goes out first
         self._children.clear()
         for metric in vars(self).values():
             if isinstance(metric, MetricWrapperBase) and "engine" in metric._labelnames:
@@ -177,26 +168,15 @@ class Metrics:
                     metric.remove(*key)
 
     def child(self, name: str, *labels: str) -> Any:
-        """``getattr(self, name).labels(*labels)``, kept: ``labels()`` was ~3% of a request's CPU;
-        a counter's or histogram's as a tally in single-process mode (router/core/tally.py).
+        """``getattr(self, name).labels(*labels)``, kept: ``labels()`` was ~3% of a request's CPU.
 
         Bounded as the series themselves are (engines x outcomes, policies x reasons); dropped
         with an engine's series by :meth:`forget_engine`."""
         key = (name, *labels)
         child = self._children.get(key)
         if child is None:
-            metric = getattr(self, name)
-            child = metric.labels(*labels)
-            if self._tallied and isinstance(metric, Counter):
-                child = CounterTally(child, self._flusher.lock)
-            elif self._tallied and isinstance(metric, Histogram):
-                child = HistogramTally(child, self._flusher.lock)
-            self._children[key] = child
+            child = self._children[key] = getattr(self, name).labels(*labels)
         return child
-
-    def _tallies(self) -> list[Tally]:
-        # list(values()) in one C call: a collection from another thread never sees the dict change mid-way
-        return [c for c in list(self._children.values()) if isinstance(c, (CounterTally, HistogramTally))]
 
     def export_store_counters(self) -> None:
         """Multiprocess mode: add what the store counted since the last call to the shared files.
