@@ -20,12 +20,16 @@ import asyncio
 import logging
 import resource
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from router.core.disconnect import SCOPE_KEY, Disconnect
+from router.gateway.cycle import FastCycle
 
 log = logging.getLogger("router.gateway")
 
@@ -151,9 +155,40 @@ class GuardedHttpTools(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        if not self._refused:
-            self.scope[SCOPE_KEY] = Disconnect()  # type: ignore[literal-required]
-            super().on_headers_complete()
+        if self._refused:
+            return
+        self.scope[SCOPE_KEY] = Disconnect()  # type: ignore[literal-required]
+        # uvicorn's on_headers_complete, with the router's cycle (router/gateway/cycle.py)
+        http_version = self.parser.get_http_version()
+        self.scope["method"] = self.parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            self.scope["http_version"] = http_version
+        if self.parser.should_upgrade() and self._should_upgrade():
+            return
+        url = httptools.parse_url(self.url)
+        path = url.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        self.scope["path"] = self.root_path + path
+        self.scope["raw_path"] = self.root_path.encode("ascii") + url.path
+        self.scope["query_string"] = url.query or b""
+        app = self.app
+        if self.limit_concurrency is not None and (
+                len(self.connections) >= self.limit_concurrency or len(self.tasks) >= self.limit_concurrency):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing = self.cycle
+        self.cycle = FastCycle(
+            scope=self.scope, transport=self.transport, flow=self.flow, logger=self.logger,
+            access_logger=self.access_logger, access_log=self.access_log,
+            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(), on_response=self.on_response_complete)
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(self.cycle, app)
+        else:  # a pipelined request waits for the one before it
+            self.flow.pause_reading()
+            self.pipeline.appendleft((self.cycle, app))
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:

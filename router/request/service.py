@@ -49,7 +49,8 @@ from router.state.base import StateStore
 from router.state.store_tier import build_store_tier
 from router.upstream.client import Upstream
 from router.upstream.pd_legs import Legs, PrefillFailed, run_sglang, run_vllm
-from router.upstream.relay import RelayResponse, Resumed, WholeAnswer, raw_chunks, read_raw, returned_headers, upstream_headers
+from router.upstream.relay import (RelayResponse, Resumed, WholeAnswer, is_event_stream, raw_chunks, read_raw, returned_headers,
+                                   upstream_headers)
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ class RouterService:
             return Retry(str(status), exclude=inst.id, failure=RETRY_STATUSES[status](f"instance {inst.id} answered {status}"))
         if status >= 400:
             return Served(await self._pass_error(upstream, attempt))
-        attempt.streaming = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        attempt.streaming = is_event_stream(upstream)
         try:  # until the first chunk (a stream) or the whole body (JSON) is here, another instance can still answer
             if attempt.streaming:
                 chunks = raw_chunks(upstream)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from router.upstream.pool import UpstreamTransport
+from router.upstream.pool import UpstreamBody, UpstreamTransport
 
 _HTTPX_LOG = logging.getLogger("httpx")  # client.send logs each request there; the short cut does too
 
@@ -61,7 +61,9 @@ class Upstream:
         assert transport is not None
         key, line = target
         response = await transport.exchange(key, _head(line, client.headers, headers, len(body)) + body, timeout.as_dict())
-        if "set-cookie" in response.headers:  # as httpx would (the jar of Upstream.open takes none)
+        stream = response.stream
+        if stream.set_cookie if isinstance(stream, UpstreamBody) else "set-cookie" in response.headers:
+            # as httpx would (the jar of Upstream.open takes none)
             response.request = client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
             client.cookies.extract_cookies(response)
         if _HTTPX_LOG.isEnabledFor(logging.INFO):

@@ -45,7 +45,7 @@ class _Connection(asyncio.Protocol):
         self.status, self.reason, self.headers, self.pending = 0, b"", [], []  # type: ignore[var-annotated]
         self.chunks: deque[bytes] = deque()
         self.buffered, self.headers_done, self.complete, self.eof_body, self.paused = 0, False, False, False, False
-        self.keep_alive = False
+        self.keep_alive = self.set_cookie = False
         self.error: httpx.TransportError | None = None
         self.waiter: asyncio.Future[None] | None = None
 
@@ -88,7 +88,9 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
-        self.eof_body = not {n.lower() for n, _ in self.headers} & {b"content-length", b"transfer-encoding"}
+        names = {n.lower() for n, _ in self.headers}
+        self.eof_body = not names & {b"content-length", b"transfer-encoding"}
+        self.set_cookie = b"set-cookie" in names
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
@@ -164,6 +166,11 @@ class UpstreamBody(httpx.AsyncByteStream):
 
     def __init__(self, pool: UpstreamTransport, conn: _Connection, timeout: float | None) -> None:
         self._pool, self._conn, self._timeout, self._open = pool, conn, timeout, True
+        # The answer's head as parsed, for the relay and the client (httpx's Headers re-derive
+        # an encoding and rebuild lists on each look-up): raw (name, value) pairs, and whether
+        # a set-cookie is among them.
+        self.raw_headers: list[tuple[bytes, bytes]] = conn.headers
+        self.set_cookie: bool = conn.set_cookie
 
     @property
     def complete(self) -> bool:

@@ -108,9 +108,22 @@ def upstream_headers(incoming: Mapping[str, str], request_id: str) -> dict[str, 
     return headers
 
 
+def _raw(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
+    stream = upstream.stream
+    return stream.raw_headers if isinstance(stream, UpstreamBody) else upstream.headers.raw
+
+
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
     """The headers passed back, as ASGI wants them, in one pass over the engine's raw list."""
-    return [(name, value) for name, value in ((n.lower(), v) for n, v in upstream.headers.raw) if name in _RETURNED_RAW]
+    return [(name, value) for name, value in ((n.lower(), v) for n, v in _raw(upstream)) if name in _RETURNED_RAW]
+
+
+def is_event_stream(upstream: httpx.Response) -> bool:
+    """Whether the answer is ``text/event-stream`` (its first content-type, as ``headers.get`` reads)."""
+    for name, value in _raw(upstream):
+        if name.lower() == b"content-type":
+            return value.startswith(b"text/event-stream")
+    return False
 
 
 class WholeAnswer(Response):
@@ -138,7 +151,7 @@ class RelayResponse(Response):
         self._upstream, self._request_id, self._observer = upstream, request_id, observer
         self._first, self._chunks, self._idle = first, chunks, idle_timeout_s
         self._continuer = continuer
-        self._is_sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        self._is_sse = is_event_stream(upstream)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "client_disconnect"
