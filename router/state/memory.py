@@ -54,7 +54,7 @@ class MemoryStore(StateStore):
             for i, (_, since, work) in self._heads.items():
                 if i in loads:
                     loads[i] = replace(loads[i], prefill_started_s=max(0.0, now - since), prefill_head_tokens=work)
-        return Snapshot(matched, loads, self._residency.confidences(keys, matched))
+        return Snapshot(matched, loads, self._residency.confidences(keys, matched), self._residency.rooms())
 
     def load_of(self, instance: str) -> Load:
         """What this store has booked on ``instance``."""
