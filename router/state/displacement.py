@@ -18,15 +18,19 @@ Blocks the instance has free are displaced for nothing.
 A re-use counts wherever the request went: counting only returns to the evicting instance
 would measure the policy (a router that spreads misses never returns) instead of the demand.
 
-Bounded: each instance's ghost list holds at most its capacity in blocks; the reverse map
-(block -> instances whose ghost lists hold it) holds no more than those lists together.
+Bounded: one ghost list for the pool, first in first out, holding at most twice the
+instances' capacities together (trimmed in bulk to once); a block evicted by two instances is credited to the later one.
+On the decision path (every booking records its prompt): the lookup is one C-level set
+intersection of the prompt's missing blocks with the ghost list, and the evicted blocks
+join it in one update, so a 500-block record stays a small multiple of the LRU's own work.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from itertools import islice, repeat
 from types import MappingProxyType
 
 # With no eviction seen yet, nothing evicted is known to come back (placement then prices a
@@ -40,8 +44,8 @@ FULL_ROOM: tuple[int, float] = (0, 0.0)  # (free blocks, re-prefills per displac
 
 class Displacement:
     def __init__(self) -> None:
-        self._ghosts: dict[str, OrderedDict[int, None]] = {}  # instance -> blocks it evicted for room, oldest first
-        self._owners: dict[int, dict[str, None]] = {}  # block -> instances whose ghost list holds it
+        self._ghosts: dict[int, str] = {}  # block evicted for room -> by whom, oldest first
+        self._caps: dict[str, int] = {}  # instance -> its capacity in blocks: the ghost list holds their sum
         self._evicted: dict[str, float] = {}  # decaying count of blocks evicted for room
         self._reused: dict[str, float] = {}  # decaying count of those asked for again while in the ghost list
         self._free: dict[str, int] = {}  # instance -> free blocks at its last record
@@ -55,35 +59,27 @@ class Displacement:
     def asked(self, missing: Iterable[int]) -> None:
         """A request is being recorded without holding these blocks: credit every instance
         that evicted one of them recently."""
-        owners = self._owners
-        if not owners:
+        ghosts = self._ghosts
+        if not ghosts:
             return
-        credited: set[str] = set()
-        for key in missing:
-            held_by = owners.pop(key, None)
-            if held_by is None:
-                continue
-            for inst in held_by:
-                del self._ghosts[inst][key]
-                self._reused[inst] = self._reused.get(inst, 0.0) + 1.0
-                credited.add(inst)
-        for inst in credited:
+        found = ghosts.keys() & missing
+        if not found:
+            return
+        reused = self._reused
+        for inst, count in Counter(map(ghosts.pop, found)).items():
+            reused[inst] = reused.get(inst, 0.0) + count
             self._update(inst)
 
     def evicted(self, instance: str, keys: list[int], cap: int, free: int) -> None:
         """``instance`` evicted ``keys`` for room (possibly none) and has ``free`` blocks of ``cap`` left."""
         self._free[instance] = free
         if keys:
-            ghosts = self._ghosts.get(instance)
-            if ghosts is None:
-                ghosts = self._ghosts[instance] = OrderedDict()
-            owners = self._owners
-            for key in keys:
-                ghosts[key] = None
-                owners.setdefault(key, {})[instance] = None
-            while len(ghosts) > cap:
-                old, _ = ghosts.popitem(last=False)
-                self._disown(old, instance)
+            ghosts = self._ghosts
+            ghosts.update(zip(keys, repeat(instance)))
+            self._caps[instance] = cap
+            limit = sum(self._caps.values())
+            if len(ghosts) > 2 * limit:  # trimmed in bulk (C-level), to the limit, oldest first
+                self._ghosts = dict(islice(ghosts.items(), len(ghosts) - limit, None))
             decay = math.exp(-len(keys) / (WINDOW_CAPS * max(1, cap)))
             if instance not in self._evicted:  # the prior, as one cache's worth of evictions; it decays like them
                 self._evicted[instance], self._reused[instance] = float(cap), PRIOR_REUSE * cap
@@ -92,9 +88,10 @@ class Displacement:
         self._update(instance)
 
     def forget(self, instance: str) -> None:
-        for key in self._ghosts.pop(instance, ()):
-            self._disown(key, instance)
-        for table in (self._evicted, self._reused, self._free, self._room):
+        ghosts = self._ghosts
+        for key in [k for k, inst in ghosts.items() if inst == instance]:
+            del ghosts[key]
+        for table in (self._caps, self._evicted, self._reused, self._free, self._room):
             table.pop(instance, None)
 
     def _update(self, instance: str) -> None:
@@ -102,10 +99,3 @@ class Displacement:
         evicted = self._evicted.get(instance, 0.0)
         share = min(MAX_REUSE, self._reused.get(instance, 0.0) / evicted) if evicted else PRIOR_REUSE
         self._room[instance] = (max(0, free), share / (1.0 - share))
-
-    def _disown(self, key: int, instance: str) -> None:
-        held_by = self._owners.get(key)
-        if held_by is not None:
-            held_by.pop(instance, None)
-            if not held_by:
-                del self._owners[key]
