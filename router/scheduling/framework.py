@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.state.base import Load, Snapshot
+from router.state.displacement import FULL_ROOM
 from router.state.store_tier import StoreHit
 
 
@@ -83,6 +84,7 @@ class View(NamedTuple):
     prefill: View | None = None  # the remote prefill instance of a disaggregated route
     cost: RouteCost | None = None  # the route's price, when its generator priced it (pd_pairs)
     confidence: float = 1.0  # that the engine still holds the matched run (residency.py's LRU model)
+    room: tuple[int, float] = FULL_ROOM  # (free blocks, re-prefills per token a copy displaces): residency.rooms
 
     @property
     def id(self) -> str:
@@ -116,9 +118,9 @@ _new_view = tuple.__new__  # NamedTuple's own __new__ costs a Python call per ca
 
 
 def build_views(candidates: Sequence[Candidate], snap: Snapshot) -> list[View]:
-    matched, loads, conf = snap.matched, snap.loads, snap.confidence
-    return [_new_view(View, (c, matched.get(c.id, 0), loads.get(c.id, _IDLE), None, None, conf.get(c.id, 1.0)))
-            for c in candidates]
+    matched, loads, conf, room = snap.matched, snap.loads, snap.confidence, snap.room
+    return [_new_view(View, (c, matched.get(c.id, 0), loads.get(c.id, _IDLE), None, None, conf.get(c.id, 1.0),
+                             room.get(c.id, FULL_ROOM))) for c in candidates]
 
 
 class LazyMap(Mapping[str, Any]):

@@ -2,10 +2,13 @@
 pays for what it displaces, and agree on the home without talking.
 
 ``cache_room`` (filter): a route that would prefill a prefix some other instance already
-holds makes a second copy of it, and in a full cache that copy evicts as many tokens of
-other prefixes, which someone will miss later. That future cost is priced as the time to
-prefill the duplicated tokens again on that instance (``displacement`` x tokens / rate;
-caches are taken as full, as they are in steady state). A non-holder is kept only when its
+holds makes a second copy of it: the copy computes the duplicated tokens again (work the
+home would not do, which delays whatever queues behind it), and beyond the instance's
+free room it evicts as many tokens of other prefixes, which someone will miss later, as
+often as that instance's evictions come back (router/state/displacement.py's LRU model:
+near 0 when what it evicts is cold, several times over under pressure, where each
+re-miss evicts in turn; 0 where the store does not measure it). Both are priced as
+prefill time on that instance (``displacement`` x tokens / rate). A non-holder is kept only when its
 estimated TTFT plus that cost still beats the best holder: hot-spot replication, when the
 holders' queues outgrow what the copy costs; otherwise the prefix stays home, and the
 scorers choose among its holders.
@@ -45,15 +48,23 @@ class CacheRoomFilter:
         self._displacement = displacement
 
     def displacement_s(self, req: RouteRequest, route: View, held: float) -> float:
-        """Future misses a copy on ``route`` causes: the tokens it duplicates (``held``
-        by the best holder, minus what this route already has), re-prefilled later."""
+        """What a copy on ``route`` costs beyond its own TTFT: it computes the tokens it
+        duplicates (``held`` by the best holder, minus what this route already has) a
+        second time, which delays whatever queues behind it there; and beyond the
+        instance's free room it evicts as many tokens of other prefixes, each re-prefilled
+        later as often as that instance's evictions come back (``View.room``:
+        router/state/displacement.py)."""
         p = route.prefilling
-        duplicated = max(0.0, held - p.expected_cached_tokens(req))
+        duplicated = held - p.expected_cached_tokens(req)
+        if duplicated <= 0.0:
+            return 0.0
+        free, misses = p.room
+        evicted = max(0.0, duplicated - free * req.block_tokens)
         per_token = 1.0 / (p.candidate.prefill_tokens_per_s or self._default_rate)
         reload = reload_seconds_per_token(req, p)
         if reload is not None:  # with a shared store the displaced prefixes come back by a load (store_cost.py)
             per_token = min(per_token, reload)
-        return self._displacement * duplicated * per_token
+        return self._displacement * (duplicated + misses * evicted) * per_token
 
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
         # View.prefilling.expected_cached_tokens, inlined (it runs for every candidate)
@@ -73,8 +84,16 @@ class CacheRoomFilter:
         for r, p, e, c in zip(routes, prefilling, estimates, cached):
             if c >= floor:
                 kept.append(r)
-            elif e + (self.displacement_s(req, r, held) if store else
-                      price * (held - c) * (1.0 / (p.candidate.prefill_tokens_per_s or rate))) < home:
+                continue
+            if store:
+                cost = self.displacement_s(req, r, held)
+            else:  # displacement_s without a store, inlined: c < floor, so held - c > 0
+                duplicated = held - c
+                free, misses = p.room
+                evicted = duplicated - free * block
+                cost = price * (duplicated + misses * (evicted if evicted > 0.0 else 0.0)) \
+                    * (1.0 / (p.candidate.prefill_tokens_per_s or rate))
+            if e + cost < home:
                 kept.append(r)
                 copies += 1
         if len(kept) == len(routes):

@@ -95,7 +95,7 @@ class PairRoutes:
             for d in top_d:
                 for p in top_p:
                     if p.candidate.compat == d.candidate.compat:
-                        out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, p, route_cost(req, d, p, w, pd), d.confidence)))
+                        out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, p, route_cost(req, d, p, w, pd), d.confidence, d.room)))
         best = min(out, key=lambda r: r.cost.total_s, default=None)  # type: ignore[union-attr]
         threshold = pd.selective_threshold_tokens
         best_queue = best.cost.queue_s if best is not None else 0.0  # type: ignore[union-attr]
@@ -114,7 +114,7 @@ class PairRoutes:
                 continue
             local = route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
-                out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence)))
+                out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence, d.room)))
         if not out:
             raise NoRoute("no compatible prefill instance for decode instances that cannot prefill alone")
         return out

@@ -115,7 +115,7 @@ class TTFTScorer:
         full = attention * prompt * prompt / 2
         steps = max(1.0, output / 2)
         out = []
-        for cand, matched, load, prefill, _, conf in routes:
+        for cand, matched, load, prefill, _, conf, _ in routes:
             if prefill is not None:
                 cand, matched, load, conf = prefill[0], prefill[1], prefill[2], prefill[5]
             rate = cand.prefill_tokens_per_s or default_rate

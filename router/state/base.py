@@ -9,7 +9,7 @@ keeps a burst of identical prefixes from seeing stale scores and herding.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -54,6 +54,10 @@ class Snapshot:
     # instance -> confidence (0..1) that the engine still holds its matched run (the LRU
     # position model of residency.py); an instance absent here is taken at 1.0
     confidence: dict[str, float] = field(default_factory=dict)
+    # instance -> (free blocks, future re-prefills per token a copy displaces there): the
+    # LRU displacement model of residency.py, read by placement during the decision (a
+    # live view); an instance absent here is taken as full, with no re-prefill known
+    room: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

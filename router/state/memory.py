@@ -55,7 +55,7 @@ class MemoryStore(StateStore):
             for i in instances:
                 load, head = booked.get(i, _IDLE), heads.get(i)
                 loads[i] = load if head is None else load.with_head(max(0.0, now - head[1]), head[2])
-        return Snapshot(matched, loads, self._residency.confidences(keys, matched))
+        return Snapshot(matched, loads, self._residency.confidences(keys, matched), self._residency.rooms())
 
     def load_of(self, instance: str) -> Load:
         """What this store has booked on ``instance``."""

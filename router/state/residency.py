@@ -38,8 +38,10 @@ document's requests away from its only holder (copies, then evictions of other d
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
+
+from router.state.displacement import Displacement
 
 _MARKS_PER_TTL = 64
 
@@ -57,6 +59,7 @@ class ResidencyIndex:
         self._cap: dict[str, int] = {}  # instance -> the capacity it was last recorded with
         self._marks: dict[str, deque[tuple[float, int]]] = {}  # instance -> (time, last stamp by then), oldest first
         self._dead: dict[str, int] = {}  # instance -> every stamp up to this one has expired
+        self._displacement = Displacement()  # what a copy would cost each instance's cache
 
     def record(self, instance: str, keys: Sequence[int], cap: int, now: float) -> None:
         """``instance`` now holds ``keys`` (a whole prefix, from its first block); evict beyond ``cap``."""
@@ -70,6 +73,7 @@ class ResidencyIndex:
         dead = self._horizon(instance, now)
         held = _leading_run(lru, keys)  # listed already (expired or not): a prefix's run is contiguous
         listed = len(lru)
+        self._displacement.asked(islice(keys, held, None))
         # Stamps tail first, so the head is the newest; new keys land at the end in that order,
         # the held run is moved behind them: the tail of the LRU reads keys reversed.
         lru.update(zip(islice(reversed(keys), n - held), range(stamp + 1, stamp + n - held + 1)))
@@ -99,15 +103,23 @@ class ResidencyIndex:
             marks[-1] = (max(now, marks[-1][0]), stamp + n)
         else:
             marks.append((now, stamp + n))
+        evicted: list[int] = []
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop(old, instance)
+            evicted.append(old)
         while lru:  # expired entries sit at the old end
             old, oldest = next(iter(lru.items()))
             if oldest > dead:
                 break
             del lru[old]
             self._drop(old, instance)
+        self._displacement.evicted(instance, evicted, cap, cap - len(lru))
+
+    def rooms(self) -> Mapping[str, tuple[int, float]]:
+        """Per instance, (free blocks, future re-prefills per displaced token): what a copy
+        placed there costs the cache (displacement.py; read-only, live)."""
+        return self._displacement.rooms()
 
     def unrecord(self, instance: str, keys: Sequence[int]) -> None:
         """Take back a speculative ``record`` (the request went elsewhere after all)."""
@@ -186,6 +198,7 @@ class ResidencyIndex:
         self._cap.pop(instance, None)
         self._marks.pop(instance, None)
         self._dead.pop(instance, None)
+        self._displacement.forget(instance)
 
     def _horizon(self, instance: str, now: float) -> int:
         """The newest expired stamp of ``instance`` at ``now`` (0: none)."""

@@ -17,11 +17,11 @@ def req(first=0, blocks=32, prompt=2048, rid="r"):
     return RouteRequest(rid, tuple(range(first, first + blocks)), prompt, 16, 64)
 
 
-def snap(matched=None, prefill=None, requests=None):
+def snap(matched=None, prefill=None, requests=None, room=None):
     ids = [c.id for c in CANDS]
     matched, prefill, requests = matched or {}, prefill or {}, requests or {}
     return Snapshot({i: matched.get(i, 0) for i in ids},
-                    {i: Load(requests.get(i, 0), prefill.get(i, 0)) for i in ids})
+                    {i: Load(requests.get(i, 0), prefill.get(i, 0)) for i in ids}, room=room or {})
 
 
 def ttft(seed=7, **kw):
@@ -46,6 +46,25 @@ def test_a_hot_prefix_is_replicated_once_its_holders_cannot_keep_up():
     # between the two: a copy is allowed only where it is cheap (b already holds half)
     d = ttft().choose(req(), CANDS, snap(matched={"a": 32, "b": 16}, prefill={"a": 3000}))
     assert d.instance == "b" and d.reason == "replicate" and set(d.filtered) == {"c", "d"}
+
+
+def test_the_price_of_a_copy_follows_what_it_displaces_there():
+    # a's 0.75 s queue is more than a copy (0.256 s) plus computing the 2048 duplicated
+    # tokens again (0.256 s): with nothing known to come back, the copy is made
+    heavy = {"matched": {"a": 32}, "prefill": {"a": 6000}}
+    assert ttft().choose(req(), CANDS, snap(**heavy)).instance != "a"
+    # full caches whose evictions come back three times over: the prefix stays home
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (0, 3.0) for i in "bcd"}))
+    assert d.instance == "a" and d.reason == "home"
+    # the same, where the copy fits in free room: it evicts nothing, and is made
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={"b": (40, 3.0), "c": (0, 3.0), "d": (0, 3.0)}))
+    assert d.instance == "b" and d.reason == "replicate"
+    # room for most of it: the rest still displaces (256 tokens x 3 re-prefills: 0.608 s < 0.75 s)
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (28, 3.0) for i in "bcd"}))
+    assert d.instance != "a"
+    # room for less (768 tokens x 3: 0.8 s)
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (20, 3.0) for i in "bcd"}))
+    assert d.instance == "a"
 
 
 def test_a_new_prefix_is_not_filtered():

@@ -1,0 +1,84 @@
+"""The LRU displacement model: what a copy costs an instance's cache, from whether the
+blocks it evicts come back."""
+
+from router.state.memory import MemoryStore
+from router.state.residency import ResidencyIndex
+
+
+def _prefix(tenant: int, blocks: int = 10) -> list[int]:
+    return list(range(1000 * tenant, 1000 * tenant + blocks))
+
+
+def test_an_instance_without_evictions_knows_of_no_re_prefill():
+    idx = ResidencyIndex(ttl_s=600)
+    assert "a" not in idx.rooms()
+    idx.record("a", _prefix(1), cap=40, now=0)
+    assert idx.rooms()["a"] == (30, 0.0)  # the prior: nothing evicted is known to come back
+
+
+def test_evicting_cold_blocks_makes_a_copy_cheap():
+    idx = ResidencyIndex(ttl_s=600)
+    for tenant in range(1, 60):  # every prefix seen once: what is evicted never returns
+        idx.record("a", _prefix(tenant), cap=40, now=0)
+    free, misses = idx.rooms()["a"]
+    assert free == 0 and misses < 0.2
+
+
+def test_evicted_blocks_that_come_back_make_a_copy_dear():
+    idx = ResidencyIndex(ttl_s=600)
+    for round_ in range(30):  # five tenants of 10 blocks share a 40-block cache, round robin
+        for tenant in range(1, 6):
+            idx.record("a", _prefix(tenant), cap=40, now=0)
+    free, misses = idx.rooms()["a"]
+    assert free == 0 and misses > 4.0  # each returns after one other: q near its bound
+
+
+def test_hot_and_cold_traffic_lands_in_between_and_only_on_its_instance():
+    idx = ResidencyIndex(ttl_s=600)
+    cold = 100
+    for round_ in range(30):
+        for tenant in range(1, 4):
+            idx.record("a", _prefix(tenant), cap=40, now=0)
+            cold += 1
+            idx.record("a", _prefix(cold), cap=40, now=0)  # a one-off prompt after each
+    idx.record("b", _prefix(1), cap=40, now=0)
+    _, misses = idx.rooms()["a"]
+    assert 0.3 < misses < 4.0
+    assert idx.rooms()["b"] == (30, 0.0)
+
+
+def test_forget_drops_the_room_and_the_ghosts():
+    idx = ResidencyIndex(ttl_s=600)
+    for round_ in range(10):
+        for tenant in range(1, 6):
+            idx.record("a", _prefix(tenant), cap=40, now=0)
+    idx.forget("a")
+    assert "a" not in idx.rooms()
+    idx.record("a", _prefix(1), cap=40, now=0)
+    assert idx.rooms()["a"] == (30, 0.0)  # re-recording a forgotten prefix is no re-use
+
+
+def test_the_ghost_list_is_bounded_by_the_capacity():
+    idx = ResidencyIndex(ttl_s=600)
+    for tenant in range(1, 500):
+        idx.record("a", _prefix(tenant), cap=40, now=0)
+    assert len(idx._displacement._ghosts) <= 80
+
+
+def test_the_memory_store_hands_the_room_to_the_policy():
+    store = MemoryStore({"a": 40, "b": 40})
+    store.record_residency("a", _prefix(1))
+    snap = store.snapshot_now(_prefix(1), ["a", "b"])
+    assert snap.room["a"] == (30, 0.0) and "b" not in snap.room
+
+
+def test_a_re_use_counts_wherever_the_router_sends_the_request():
+    # every prefix goes to a once; the ones a has just evicted are asked for again on b
+    idx, other = ResidencyIndex(ttl_s=600), ResidencyIndex(ttl_s=600)
+    for tenant in range(1, 80):
+        for index in (idx, other):
+            index.record("a", _prefix(tenant), cap=40, now=0)
+        if tenant > 5:
+            idx.record("b", _prefix(tenant - 5), cap=40, now=0)  # in idx only
+    assert other.rooms()["a"][1] < 0.2  # without those requests a's evictions are cold
+    assert idx.rooms()["a"][1] > 4.0
