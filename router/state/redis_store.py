@@ -284,7 +284,7 @@ class RedisStore(StateStore):
         own = self._mirror.snapshot_now((), considered)
         # Confidence (LRU position) comes from this replica's mirror as it stood before the
         # decision touched it; an instance the mirror knows nothing of counts 1.0.
-        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads, local.confidence)
+        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads, local.confidence, local.room)
         fresh = self._merged_view(shared, minus=booking)
         if fresh.matched == local.matched and fresh.loads == local.loads:
             return self._keep(booking, fresh)  # the shared view is the one chosen on: nothing to revise
@@ -299,8 +299,9 @@ class RedisStore(StateStore):
 
     def _merged_view(self, snap: Snapshot, minus: Booking | None = None) -> Snapshot:
         """Per instance, the larger of this replica's own bookings and the shared view
-        (redis_views.merged_loads); confidence stays this replica's mirror's (LRU position)."""
-        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus), snap.confidence)
+        (redis_views.merged_loads); confidence (LRU position) and cache room stay this
+        replica's mirror's."""
+        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus), snap.confidence, snap.room)
 
     async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the

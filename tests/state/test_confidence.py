@@ -109,12 +109,17 @@ async def test_both_stores_give_decisions_the_lru_confidence(make_store):
     other = list(range(100, 137))
     await store.decide(other, ["a"], GreedyChooser("z", other, only="a"))
     seen: list[dict[str, float]] = []
+    rooms: list[dict[str, tuple[int, float]]] = []
 
     class Spy(GreedyChooser):
         def __call__(self, snap):
             seen.append(dict(snap.confidence))
+            rooms.append(dict(snap.room))
             return super().__call__(snap)
 
     snap, _ = await store.decide(prefix, ["a", "b"], Spy("r", prefix, only="a"))
     assert snap.matched["a"] == 2
     assert 0.0 < seen[0]["a"] < 1.0 and 0.0 < snap.confidence["a"] < 1.0
+    # and the cache room of the displacement model (router/state/displacement.py): one of a's
+    # 40 blocks is free, nothing it evicted is known to come back; b has seen nothing
+    assert rooms[0]["a"] == snap.room["a"] == (1, 0.0) and "b" not in rooms[0]
