@@ -106,6 +106,35 @@ async def test_decide_tells_the_request_what_the_store_holds_and_records_what_it
     assert again.decision.terms[again.decision.instance]["uncached_tokens"] == 0  # all of it loads
 
 
+async def test_a_load_is_booked_so_the_next_one_is_priced_behind_it_until_it_should_be_done():
+    now = [0.0]
+    tier = StoreTier(capacity=1000, bytes_per_s=10e9, bytes_per_token=1000, clock=lambda: now[0])  # 10M tok/s
+    store = MemoryStore({c.id: 10_000 for c in CANDS}, clock=lambda: now[0])
+    tier.record(req().keys)
+    first = await decide(store, ttft_policy(), req(rid="r1"), CANDS, tier=tier)  # loads 2048 tokens: 0.2 ms
+    assert first.decision.terms[first.decision.instance]["uncached_tokens"] == 0
+    h = tier.hit(req().keys)
+    assert h.loads == 1 and h.backlog_s == pytest.approx(2048 * 1000 / 10e9)
+    # a second load of the same size shares the bandwidth with it: twice as long
+    assert colocated_ttft(req(store=h), view(), W).prefill_s == pytest.approx(2 * 2048 * 1000 / 10e9)
+    now[0] = 0.0001024  # half way through: half of it left to share
+    h = tier.hit(req().keys)
+    assert h.loads == 1 and h.backlog_s == pytest.approx(1024 * 1000 / 10e9)
+    now[0] = 0.01  # expected done: the booking expires by itself
+    assert tier.hit(req().keys).loads == 0
+    # an instance that caches the prefix loads nothing, and books nothing
+    await decide(store, ttft_policy(), req(rid="r2"), CANDS, tier=tier)
+    assert tier.hit(req().keys).loads == 0
+
+
+def test_booked_loads_are_bounded():
+    tier = StoreTier(capacity=10, bytes_per_s=1.0, bytes_per_token=1, clock=lambda: 0.0)
+    for _ in range(StoreTier.max_loads + 10):
+        tier.book_load(1, 1)
+    tier.record((1,))
+    assert tier.hit((1,)).loads == StoreTier.max_loads
+
+
 def test_the_tier_is_bounded_and_forgets_the_deepest_blocks_first():
     tier = StoreTier(capacity=40, bytes_per_s=1.0, bytes_per_token=1)
     tier.record(tuple(range(32)))
