@@ -32,7 +32,7 @@ from router.config.model import TTFTWeights
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.registry import BuildContext, Params, plugin
 from router.scheduling.scorers import TTFTScorer
-from router.scheduling.store_cost import reload_seconds_per_token
+from router.scheduling.store_cost import load_seconds
 
 
 class CacheRoomFilter:
@@ -48,11 +48,11 @@ class CacheRoomFilter:
         by the best holder, minus what this route already has), re-prefilled later."""
         p = route.prefilling
         duplicated = max(0.0, held - p.expected_cached_tokens(req))
-        per_token = 1.0 / (p.candidate.prefill_tokens_per_s or self._default_rate)
-        reload = reload_seconds_per_token(req, p)
-        if reload is not None:  # with a shared store the displaced prefixes come back by a load (store_cost.py)
-            per_token = min(per_token, reload)
-        return self._displacement * duplicated * per_token
+        recompute = duplicated / (p.candidate.prefill_tokens_per_s or self._default_rate)
+        if req.store is not None:  # with a shared store the displaced prefixes come back by a load,
+            # on the store as busy as it is now (store_cost.py)
+            recompute = min(recompute, load_seconds(req, p, duplicated))
+        return self._displacement * recompute
 
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
         cached = [r.prefilling.expected_cached_tokens(req) for r in routes]

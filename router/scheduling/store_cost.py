@@ -12,7 +12,7 @@ computes the rest of the prompt, so the prefill takes
 against ``prefill of what the instance lacks`` without the store; the estimate takes the
 cheaper (cost.py). Stored tokens are expected ones (the tier's LRU confidence), as cached
 ones are. A copy on a new instance then costs a load, not a recompute: the placement filter
-(cache_room) prices displacing a stored prefix at its reload.
+(cache_room) prices displacing a stored prefix at its reload, on the store as busy as it is.
 """
 
 from __future__ import annotations
@@ -42,14 +42,6 @@ def load_seconds(req: RouteRequest, view: View, tokens: float) -> float:
 def loaded_tokens(req: RouteRequest, view: View) -> float:
     """Tokens ``view``'s instance would load from the store: what it holds beyond the instance's cache."""
     return stored_tokens(req) - view.expected_cached_tokens(req)
-
-
-def reload_seconds_per_token(req: RouteRequest, view: View) -> float | None:
-    """Seconds per token to bring a stored token back after an eviction (None without a store)."""
-    hit = req.store
-    if hit is None:
-        return None
-    return (view.candidate.kv_bytes_per_token or hit.bytes_per_token) / hit.bytes_per_s
 
 
 def computed_tokens(req: RouteRequest, view: View) -> float:

@@ -89,6 +89,22 @@ def test_with_a_store_a_copy_costs_a_load_so_a_busy_home_is_left_for_an_idle_ins
     assert d.instance != "a" and not d.filtered
 
 
+def test_a_displaced_prefix_is_priced_at_its_reload_on_the_store_as_busy_as_it_is():
+    from router.scheduling.placement import CacheRoomFilter
+
+    flt = CacheRoomFilter(W, displacement=1.0)
+    held = 2048.0  # the home holds it all; a copy on b duplicates it
+    assert flt.displacement_s(req(), view(), held) == pytest.approx(2048 / RATE)  # no store: a recompute
+    idle = hit()  # 10M tokens/s: 0.2 ms
+    assert flt.displacement_s(req(store=idle), view(), held) == pytest.approx(2048 * 1000 / 10e9)
+    # three loads still moving 1 s of bytes: the reload shares the store with them
+    busy = replace(idle, loads=3, backlog_s=1.0)
+    assert flt.displacement_s(req(store=busy), view(), held) == pytest.approx(4 * 2048 * 1000 / 10e9)
+    # never more than recomputing: a store slower than the GPU is not how the prefix comes back
+    jammed = replace(idle, loads=10_000, backlog_s=1e6)
+    assert flt.displacement_s(req(store=jammed), view(), held) == pytest.approx(2048 / RATE)
+
+
 async def test_decide_tells_the_request_what_the_store_holds_and_records_what_it_books():
     now = [0.0]
     tier = StoreTier(capacity=1000, bytes_per_s=10e9, bytes_per_token=1000, clock=lambda: now[0])
