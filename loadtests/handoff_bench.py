@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 import random
 import sys
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadtests.estimate_terms import HEADER, by_term_rows, contributions
 from loadtests.report import write_section
 from router.tools.emulator.perf import PROFILES, get_profile
 from router.tools.localrun import profile_timing
@@ -71,6 +73,8 @@ class EstimateDraw:
     slowdown: float
     link_gbps: float
     rate_scale: float
+    step_tokens: int  # the engines' chunked-prefill budget (the router is told it)
+    interference: float  # steps slower while the NIC moves KV (the router is told it)
 
 
 def draw_engines(seed: int, utilisation: tuple[float, float]) -> EstimateDraw:
@@ -81,14 +85,28 @@ def draw_engines(seed: int, utilisation: tuple[float, float]) -> EstimateDraw:
     # arrivals scaled so the drawn engines see a comparable load: the trace at x1 suits 8B engines at speed 1
     speed = profile_timing(get_profile(profile), slowdown)["prefill_tokens_per_s"] / \
         profile_timing(get_profile("llama3-8b-h100"), 1.0)["prefill_tokens_per_s"]
-    return EstimateDraw(seed, profile, slowdown, link, round(rng.uniform(*utilisation) * speed, 3))
+    rate = round(rng.uniform(*utilisation) * speed, 3)
+    # drawn after the rest, so a seed keeps the engines it drew before these were
+    return EstimateDraw(seed, profile, slowdown, link, rate, rng.choice((2048, 4096, 8192, 16384)),
+                        round(rng.uniform(0.0, 0.2), 3))
+
+
+def stamp_resolution(trace: Trace) -> float:
+    """The grid a trace's timestamps were rounded to: the most common gap between distinct
+    consecutive stamps, to the ms (0 when there are fewer than two). The conversation trace
+    stamps one instant every 3 s (every gap 3000 +- 3 ms, ~10 requests per stamp)."""
+    stamps = sorted({round(r.arrival_s, 3) for r in trace.requests})
+    gaps = Counter(round(b - a, 3) for a, b in zip(stamps, stamps[1:]))
+    return gaps.most_common(1)[0][0] if gaps else 0.0
 
 
 def spread_arrivals(trace: Trace, resolution_s: float, seed: int) -> Trace:
     """Each arrival at a uniformly drawn instant of the ``resolution_s`` its timestamp was
-    rounded to. The conversation trace stamps whole seconds, so ~9 requests share each
-    instant and the replay would batch them all into one engine step: arrivals no router
-    sees at once in a real cluster (the first one routed cannot know the next eight)."""
+    rounded to: given how many arrived in a slot, a Poisson process puts them uniformly in
+    it. As stamped, ~10 requests share each instant and the replay would batch them into one
+    engine step (the first one routed cannot know the next nine); spread over less than the
+    grid (last session's 1 s of a 3 s grid), arrivals come in bursts at 3x the trace's rate
+    with idle gaps between them, an arrival process no trace recorded."""
     if resolution_s <= 0:
         return trace
     rng = random.Random(seed)
@@ -103,19 +121,23 @@ def estimate(args: argparse.Namespace) -> int:
     rows = ["| seed | engines | flavour | link-aware | PD routes | error p50 | error p90 | transfer term p50 | p90 |",
             "|---|---|---|---|---|---|---|---|---|"]
     pooled: dict[tuple[str, bool], list[float]] = {}
+    terms: dict[tuple[str, bool], list[tuple[float, tuple[float, ...]]]] = {}
+    resolution = stamp_resolution(base) if args.resolution_s is None else args.resolution_s
     for seed in args.seeds:
         d = draw_engines(seed, (args.utilisation_min, args.utilisation_max))
-        trace = spread_arrivals(base, args.resolution_s, seed).scaled(d.rate_scale)
-        engines = f"{d.profile} x{d.slowdown:g} slower, {d.link_gbps:g} Gbit/s, arrivals x{d.rate_scale:g}"
+        trace = spread_arrivals(base, resolution, seed).scaled(d.rate_scale)
+        engines = (f"{d.profile} x{d.slowdown:g} slower, {d.link_gbps:g} Gbit/s, arrivals x{d.rate_scale:g}, "
+                   f"{d.step_tokens} tokens/step, interference {d.interference:g}")
         for flavor in args.flavours:
             for aware in args.link_aware:
                 spec = ClusterSpec(prefill=4, decode=4, flavor=flavor, link_aware=aware, profile=d.profile,
-                                   slowdown=d.slowdown, link_gbps=d.link_gbps,
-                                   prefill_chunk_tokens=get_profile(d.profile).max_batched_tokens)
+                                   slowdown=d.slowdown, link_gbps=d.link_gbps, max_batched_tokens=d.step_tokens,
+                                   prefill_chunk_tokens=d.step_tokens, transfer_interference=d.interference)
                 sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
                 sim.run()
                 errs, terr = estimate_errors(sim), transfer_errors(sim)
                 pooled.setdefault((flavor, aware), []).extend(errs)
+                terms.setdefault((flavor, aware), []).extend(contributions(sim.record))
                 rows.append(f"| {seed} | {engines} | {flavor} | {'on' if aware else 'off'} | {len(errs)} | "
                             f"{percentile(errs, 50):.3f} | {percentile(errs, 90):.3f} | "
                             f"{percentile(terr, 50):.3f} | {percentile(terr, 90):.3f} |")
@@ -125,20 +147,30 @@ def estimate(args: argparse.Namespace) -> int:
         p90 = percentile(errs, 90)
         summary.append(f"| {flavor} | {'on' if aware else 'off'} | {len(errs)} | {percentile(errs, 50):.3f} | {p90:.3f} | "
                        f"{'met' if p90 <= 0.2 else 'not met'} |")
-    spread = (f"each arrival spread uniformly over the {args.resolution_s:g} s its timestamp was rounded to"
-              if args.resolution_s > 0 else "arrivals as stamped (whole seconds: ~9 requests per instant)")
+    spread = (f"each arrival spread uniformly over the {resolution:g} s grid its timestamp was rounded to"
+              + (" (the trace's own, `stamp_resolution`)" if args.resolution_s is None else "")
+              if resolution > 0 else "arrivals as stamped (~10 requests per instant)")
     body = (f"Trace: `{Path(args.trace).name}`, first {len(base.requests)} requests, {spread}; 4 prefill + 4 decode "
             "engines drawn per seed (profile, step-time slowdown 0.5-2x, NIC Gbit/s, arrival rate for a "
-            f"utilisation drawn in {args.utilisation_min:g}-{args.utilisation_max:g}), shared NICs, policy `ttft`, "
+            f"utilisation drawn in {args.utilisation_min:g}-{args.utilisation_max:g}, tokens per step 2K-16K, transfer "
+            "interference 0-0.2; the router is told each), shared NICs, policy `ttft`, "
             "replay. Error = |measured / estimated TTFT - 1| over the requests sent to a (P, D) pair; the transfer "
             "term compares the priced `transfer_s` (>= 1 ms) with the measured time from the prefill's end to the "
             "KV on D.\n\n" + "\n".join(summary) + "\n\nPer seed:\n\n" + "\n".join(rows))
+    if args.by_term:
+        body += ("\n\nBy term (`--by-term`): a term's contribution to a request's error is (measured - priced) / "
+                 "priced TTFT, so the five add up to measured / estimated - 1 (all seeds pooled); measured: P's "
+                 "queue = arrival -> P schedules it, prefill -> P's prefill ends, transfer -> KV on D, admission "
+                 "-> D schedules it, step -> first token.\n\n" + "\n".join(
+                     HEADER + [r for (flavor, aware), c in terms.items()
+                               for r in by_term_rows(f"{flavor}{' link-aware' if aware else ''}", c)]))
     print(body)
     if args.write:
         aware = " ".join("on" if a else "off" for a in args.link_aware)
         cmd = (f"python loadtests/handoff_bench.py estimate --limit {args.limit} --seeds {' '.join(map(str, args.seeds))}"
                + (f" --link-aware {aware}" if aware != "off" else "")
-               + (f" --resolution-s {args.resolution_s:g}" if args.resolution_s != 1.0 else ""))
+               + (f" --resolution-s {args.resolution_s:g}" if args.resolution_s is not None else "")
+               + (" --by-term" if args.by_term else ""))
         write_section("Handoff: TTFT estimate error of PD routes per flavour", cmd, body)
     return 0
 
@@ -225,8 +257,10 @@ def main() -> int:
     e.add_argument("--limit", type=int, default=2000)
     e.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     e.add_argument("--flavours", nargs="+", default=["vllm", "sglang"], choices=["vllm", "sglang"])
-    e.add_argument("--resolution-s", type=float, default=1.0,
-                   help="spread arrivals over the resolution their timestamps were rounded to (0: as stamped)")
+    e.add_argument("--resolution-s", type=float, default=None,
+                   help="spread arrivals over this grid their timestamps were rounded to (default: the trace's "
+                        "own, the most common gap between stamps; 0: as stamped)")
+    e.add_argument("--by-term", action="store_true", help="also report each priced term's share of the error")
     e.add_argument("--link-aware", nargs="+", default=[False], type=lambda v: v == "on", metavar="off|on",
                    help="rows without and/or with link-aware booking (default: off)")
     e.add_argument("--utilisation-min", type=float, default=0.6)

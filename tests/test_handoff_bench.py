@@ -37,3 +37,46 @@ def test_arrivals_are_spread_within_the_second_they_were_stamped() -> None:
     assert [r.arrival_s for r in spread.requests] == sorted(r.arrival_s for r in spread.requests)
     assert spread_arrivals(stamped, 0.0, 3) is stamped
     assert draw_engines(4, (0.6, 1.2)) == draw_engines(4, (0.6, 1.2)) != draw_engines(5, (0.6, 1.2))
+
+
+def test_the_grid_the_timestamps_were_rounded_to_is_read_from_the_trace() -> None:
+    from loadtests.handoff_bench import stamp_resolution
+    from router.tools.replay.trace import Trace, TraceRequest
+
+    # ten requests every 3 s, one stamp a millisecond early (the conversation trace's :999)
+    stamps = [3.0 * (i // 10) - (0.001 if i == 25 else 0.0) for i in range(60)]
+    grid = Trace("t", 16, tuple(TraceRequest(t, 100, 10, (i,)) for i, t in enumerate(sorted(stamps))))
+    assert stamp_resolution(grid) == 3.0
+    assert stamp_resolution(Trace("t", 16, (TraceRequest(0.0, 100, 10, (1,)),))) == 0.0
+
+
+def test_each_pd_request_is_measured_term_by_term_and_the_terms_add_up() -> None:
+    import math
+
+    import pytest
+
+    from loadtests.estimate_terms import TERMS, by_term_rows, contributions, measured_terms
+    from router.tools.replay.cluster import ClusterSpec
+    from router.tools.replay.run import policy_for
+    from router.tools.replay.sim import Simulation
+    from router.tools.replay.trace import Trace, TraceRequest
+
+    # three long prompts at once on a 1P + 1D cluster: they queue on P (or one goes to D alone)
+    reqs = tuple(TraceRequest(0.0, 8000, 4, tuple(range(100 * k, 100 * k + 16))) for k in range(3))
+    spec = ClusterSpec(prefill=1, decode=1, link_gbps=10.0, cache_tokens=400_000, prefill_chunk_tokens=8192)
+    sim = Simulation(Trace("t", 512, reqs), spec, policy_for("ttft", spec, 0))
+    rec = sim.run()
+    pd = sorted(rec.milestones)
+    assert pd and len(pd) == sum(1 for m in rec.mode if m == "disaggregated")
+    for i in pd:
+        m = measured_terms(rec, i)
+        assert m is not None and min(m) >= 0
+        assert sum(m) == pytest.approx(rec.first_token[i] - rec.arrival[i])
+        assert m[2] == pytest.approx(rec.handoff[i])  # the transfer term is the handoff
+    ends = [rec.milestones[i][1] for i in pd]
+    assert ends == sorted(ends) and len(set(ends)) == len(ends)  # FCFS on the one prefill engine
+    rows = contributions(rec)
+    assert len(rows) == len(rec.priced) == len(pd)
+    for err, parts in rows:
+        assert err == pytest.approx(sum(parts)) and not math.isnan(err)
+    assert len(by_term_rows("vllm", rows)) == len(TERMS) + 1  # and P's queue + prefill together

@@ -116,13 +116,18 @@ def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, ma
     return lifetime * min(1.0, deficit / kv_tokens)
 
 
-def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights) -> TTFTTerms:
+def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: float = 1.0) -> TTFTTerms:
+    """``slow``: the instance's steps take this many times their time (an SGLang prefill
+    instance computing while its NIC streams KV): the queue drains slower too, so the head's
+    progress is measured at the slowed rate, not slowed after it was subtracted."""
     rate = view.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     cached = view.expected_cached_tokens(req)
     if req.store is None:
         prefill_s = prefill_seconds(req.prompt_tokens - cached, req.prompt_tokens, rate, weights)
     else:
         prefill_s, cached = with_store(req, view, cached, rate, weights)
+    prefill_s *= slow
+    rate /= slow
     uncached = req.prompt_tokens - cached
     load = view.load
     queue = queued_seconds(view, rate)

@@ -9,9 +9,10 @@ from dataclasses import dataclass, replace
 from router.core.errors import SLORejected
 from router.core.metrics import Metrics
 from router.core.instances import Candidate
-from router.scheduling.framework import Decision, Policy, RouteRequest, route_key
+from router.scheduling.framework import Decision, Policy, RouteRequest, View, route_key
 from router.scheduling.prune import Pruner
-from router.state.base import Booking, Leg, Snapshot, StateStore
+from router.scheduling.store_cost import loaded_tokens
+from router.state.base import Booking, Leg, Load, Snapshot, StateStore
 from router.state.store_tier import StoreTier
 
 
@@ -98,6 +99,18 @@ class Routed:
     started: float  # perf_counter when the decision began
 
 
+def book_store_load(tier: StoreTier, req: RouteRequest, decision: Decision, snap: Snapshot,
+                    candidates: Sequence[Candidate]) -> None:
+    """Book on the tier the load the chosen prefilling instance will make (store_cost.py)."""
+    prefilling = decision.prefill or decision.instance
+    cand = next((c for c in candidates if c.id == prefilling), None)
+    if cand is None or req.store is None:
+        return
+    view = View(cand, snap.matched.get(prefilling, 0), snap.loads.get(prefilling, Load()), None, None,
+                snap.confidence.get(prefilling, 1.0))
+    tier.book_load(loaded_tokens(req, view), cand.kv_bytes_per_token or req.store.bytes_per_token)
+
+
 async def decide(
     store: StateStore,
     policy: Policy,
@@ -127,6 +140,8 @@ async def decide(
     assert chooser.decision is not None
     decision = chooser.decision
     if tier is not None:
+        if req.store is not None:  # the chosen instance loads what the store holds beyond its cache
+            book_store_load(tier, req, decision, snap, candidates)
         tier.record(req.keys)
     if metrics is not None:
         metrics.child("store_latency", "decide").observe(time.perf_counter() - started)

@@ -5,7 +5,7 @@
 queue and prefill are the colocated terms on P (cost.py), slower by the transfer
 interference on an SGLang P (its NIC streams KV while it computes). The KV that D lacks
 (prompt - cached on D) crosses the link between P and D: bytes / (link bandwidth shared
-by the transfers already in flight at either end). Overlap follows the protocol: vLLM
+with what the transfers booked at either end still move when it starts). Overlap follows the protocol: vLLM
 (NIXL) pulls after the prefill, so the whole transfer adds to TTFT; SGLang streams each
 prefill chunk's KV while the next computes, so only what cannot move during the prefill
 adds, and at least the last chunk's share. admission(D) is the wait for KV room
@@ -62,31 +62,57 @@ def link_backlog_s(p: View, d: View, pd: PDConfig, lead_s: float) -> float:
     return max(d.load.transfer_bytes / nic, p.load.transfer_bytes / nic - lead_s, 0.0)
 
 
+def overlap_seconds(serial: float, p: View, d: View, pd: PDConfig, lead_s: float) -> float:
+    """Seconds a transfer of ``serial`` seconds alone loses to the transfers booked at
+    either end that will share the link with it. n transfers with B seconds of bytes left
+    share it fairly with ours: each costs us min(T, its rest), min(n T, B) in all.
+
+    P's are ahead of ours on its FCFS queue: they leave as their prefills end, so only
+    what the link has not drained by the time ours starts (``lead_s`` from now) is left.
+    D's may be those same transfers (a pair used twice); the rest come from other prefill
+    instances, whose queues we do not see, and are taken to run alongside ours. (Dividing
+    the link by every transfer booked at either end priced ~10% of vLLM transfers at twice
+    their measured time: the one before ours on the same pair, already done.)"""
+    nic = (pd.handoff.nic_gbps or link_gbps(p, d, pd.links)) * 1e9 / 8
+    pl, dl = p.load, d.load
+    ahead = min(pl.transfers * serial, max(0.0, pl.transfer_bytes / nic - lead_s))
+    others = dl.transfers - pl.transfers
+    if others <= 0:
+        return ahead
+    return max(ahead, min(others * serial, max(0, dl.transfer_bytes - pl.transfer_bytes) / nic))
+
+
 def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_s: float = 0.0,
                      lead_s: float = 0.0) -> float:
-    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P (``lead_s``:
-    queue + prefill, before the transfer starts).
+    """Time the transfer adds after a prefill of ``prefill_s`` seconds on P (``lead_s``: from
+    now until the transfer starts: queue + prefill for vLLM, the queue for SGLang, which
+    streams from its first chunk).
 
-    Without link-aware booking, the link is divided by the count of transfers booked at
-    either end. With it (pd.handoff.link_aware), the booked bytes say how long the link
+    Without link-aware booking, the transfer shares the link with the transfers booked at
+    either end that will run alongside it (``overlap_seconds``), its last SGLang chunk too.
+    With it (pd.handoff.link_aware), the booked bytes say how long the link
     stays busy: sharing it with a backlog B slows a transfer of T alone to T + min(T, B)
     (two fluid flows); a backlog beyond max_link_backlog_s is a reservation the transfer
     waits out (T + B), which steers decisions to another pair when one has room."""
-    tokens = transfer_tokens(req, d)
+    tokens = req.prompt_tokens - d.expected_cached_tokens(req)
     if tokens <= 0:
         return 0.0
     per_token = kv_bytes_per_token(p, pd)
     h = pd.handoff
-    sharing = 1 if h.link_aware else 1 + max(p.load.transfers, d.load.transfers)
-    bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8 / sharing
+    bytes_per_s = link_gbps(p, d, pd.links) * 1e9 / 8
     serial = tokens * per_token / bytes_per_s
+    shared = 1.0  # how much slower than alone the link moves it
     if h.link_aware:
         backlog = link_backlog_s(p, d, pd, lead_s)
         serial += backlog if backlog > h.max_link_backlog_s else min(serial, backlog)
-    if flavor(p) == "sglang":  # what moves after the prefill: the KV of its last chunk
+    else:
+        overlap = overlap_seconds(serial, p, d, pd, lead_s)
+        shared += overlap / serial
+        serial += overlap
+    if flavor(p) == "sglang":  # what moves after the prefill: the KV of its last chunk, on the link as shared
         chunk = pd.handoff.overlap_chunk_tokens
-        computed = max(1, req.prompt_tokens - p.cached_tokens(req))
-        last = min(tokens, (computed - 1) % chunk + 1) * per_token / bytes_per_s
+        computed = max(1, req.prompt_tokens - p.expected_cached_tokens(req))
+        last = min(tokens, (computed - 1) % chunk + 1) * per_token / bytes_per_s * shared
         serial = max(last, serial - prefill_s)
     return pd.links.setup_s + serial
 
@@ -120,10 +146,11 @@ def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights,
     if p is None:
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)
-    t = colocated_ttft(req, p, weights)
     # an SGLang prefill instance's NIC streams the KV of what it computes, while it computes
-    slow = 1.0 + pd.handoff.transfer_interference if flavor(p) == "sglang" else 1.0
-    queue, prefill = t.queue_s * slow, t.prefill_s * slow
-    transfer = transfer_seconds(req, p, d, pd, prefill, queue + prefill)
+    streams = flavor(p) == "sglang"
+    t = colocated_ttft(req, p, weights, 1.0 + pd.handoff.transfer_interference if streams else 1.0)
+    queue, prefill = t.queue_s, t.prefill_s
+    # the transfer starts with the prefill when it streams, after it otherwise
+    transfer = transfer_seconds(req, p, d, pd, prefill, queue if streams else queue + prefill)
     return RouteCost(queue, prefill, transfer, admission_seconds(req, d, pd), step,
                      t.uncached_tokens, transfer_tokens(req, d), transfer_bytes(req, p, d, pd))

@@ -35,7 +35,7 @@ from router.config.model import TTFTWeights
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.registry import BuildContext, Params, plugin
 from router.scheduling.scorers import TTFTScorer, shared_ttft
-from router.scheduling.store_cost import reload_seconds_per_token
+from router.scheduling.store_cost import load_seconds
 
 
 class CacheRoomFilter:
@@ -60,11 +60,12 @@ class CacheRoomFilter:
             return 0.0
         free, misses = p.room
         evicted = max(0.0, duplicated - free * req.block_tokens)
-        per_token = 1.0 / (p.candidate.prefill_tokens_per_s or self._default_rate)
-        reload = reload_seconds_per_token(req, p)
-        if reload is not None:  # with a shared store the displaced prefixes come back by a load (store_cost.py)
-            per_token = min(per_token, reload)
-        return self._displacement * (duplicated + misses * evicted) * per_token
+        tokens = duplicated + misses * evicted
+        recompute = tokens / (p.candidate.prefill_tokens_per_s or self._default_rate)
+        if req.store is not None:  # with a shared store the displaced prefixes come back by a load,
+            # on the store as busy as it is now (store_cost.py)
+            recompute = min(recompute, load_seconds(req, p, tokens))
+        return self._displacement * recompute
 
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
         # View.prefilling.expected_cached_tokens, inlined (it runs for every candidate)
@@ -91,8 +92,8 @@ class CacheRoomFilter:
                 duplicated = held - c
                 free, misses = p.room
                 evicted = duplicated - free * block
-                cost = price * (duplicated + misses * (evicted if evicted > 0.0 else 0.0)) \
-                    * (1.0 / (p.candidate.prefill_tokens_per_s or rate))
+                cost = price * ((duplicated + misses * (evicted if evicted > 0.0 else 0.0))
+                                / (p.candidate.prefill_tokens_per_s or rate))
             if e + cost < home:
                 kept.append(r)
                 copies += 1

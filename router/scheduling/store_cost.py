@@ -4,12 +4,15 @@ With a store (kv_store), an instance that lacks part of a prefix the store holds
 it instead of computing it: the bytes cross the store's bandwidth while the instance
 computes the rest of the prompt, so the prefill takes
 
-    max(load, prefill of what the store lacks)      load = setup + tokens x bytes / bandwidth
+    max(load, prefill of what the store lacks)      load = setup + T + min(n T, B)
+                                                    T = tokens x bytes / bandwidth
+
+(n loads booked in the store tier still moving B seconds of bytes share the bandwidth)
 
 against ``prefill of what the instance lacks`` without the store; the estimate takes the
 cheaper (cost.py). Stored tokens are expected ones (the tier's LRU confidence), as cached
 ones are. A copy on a new instance then costs a load, not a recompute: the placement filter
-(cache_room) prices displacing a stored prefix at its reload.
+(cache_room) prices displacing a stored prefix at its reload, on the store as busy as it is.
 """
 
 from __future__ import annotations
@@ -31,15 +34,14 @@ def load_seconds(req: RouteRequest, view: View, tokens: float) -> float:
     if hit is None or tokens <= 0:
         return 0.0
     per_token = view.candidate.kv_bytes_per_token or hit.bytes_per_token
-    return hit.setup_s + tokens * per_token / hit.bytes_per_s
+    alone = tokens * per_token / hit.bytes_per_s
+    # loads booked and still moving share the bandwidth fairly: each costs min(T, its rest)
+    return hit.setup_s + alone + min(hit.loads * alone, hit.backlog_s)
 
 
-def reload_seconds_per_token(req: RouteRequest, view: View) -> float | None:
-    """Seconds per token to bring a stored token back after an eviction (None without a store)."""
-    hit = req.store
-    if hit is None:
-        return None
-    return (view.candidate.kv_bytes_per_token or hit.bytes_per_token) / hit.bytes_per_s
+def loaded_tokens(req: RouteRequest, view: View) -> float:
+    """Tokens ``view``'s instance would load from the store: what it holds beyond the instance's cache."""
+    return stored_tokens(req) - view.expected_cached_tokens(req)
 
 
 def computed_tokens(req: RouteRequest, view: View) -> float:

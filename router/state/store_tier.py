@@ -8,11 +8,17 @@ size, and never more than ``max_entries``), least recently used first out, each 
 expiring after ``ttl_s``; its LRU position gives a confidence, as for instances. It lives in
 each router process (replicas each learn from their own traffic; a prefix another replica
 stored is priced as a recompute until this one routes it).
+
+Loads share the store's bandwidth: every request routed to load from it books its load here
+until it is expected done (``book_load``), so the next one is priced behind what is still
+moving (store_cost.load_seconds). A booking expires by itself at its expected end: no release
+to lose, at the price of trusting the estimate (at most ``max_loads`` are kept, oldest out).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,9 +37,13 @@ class StoreHit:
     bytes_per_s: float
     bytes_per_token: int  # the store's default; an instance's own kv_bytes_per_token wins
     setup_s: float
+    loads: int = 0  # loads booked and still moving
+    backlog_s: float = 0.0  # what they still move, in seconds of the store's bandwidth
 
 
 class StoreTier:
+    max_loads = 4096
+
     def __init__(self, capacity: int, bytes_per_s: float, bytes_per_token: int, setup_s: float = 0.0,
                  ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1 or bytes_per_s <= 0 or bytes_per_token < 1:
@@ -42,6 +52,7 @@ class StoreTier:
         self._index = ResidencyIndex(ttl_s)
         self._bytes_per_s, self._bytes_per_token, self._setup_s = bytes_per_s, bytes_per_token, setup_s
         self._clock = clock
+        self._loads: deque[tuple[float, float, float]] = deque(maxlen=self.max_loads)  # (start, end, seconds alone)
 
     def hit(self, keys: Sequence[int]) -> StoreHit | None:
         """What the store holds of ``keys``, or None when nothing (the request prices as without a store)."""
@@ -49,7 +60,29 @@ class StoreTier:
         if not blocks:
             return None
         confidence = self._index.confidence(_STORE, keys[blocks - 1])
-        return StoreHit(blocks, confidence, self._bytes_per_s, self._bytes_per_token, self._setup_s)
+        loads, backlog = self._in_flight(self._clock())
+        return StoreHit(blocks, confidence, self._bytes_per_s, self._bytes_per_token, self._setup_s, loads, backlog)
+
+    def _in_flight(self, now: float) -> tuple[int, float]:
+        """Loads still moving, and the seconds of bytes they have left (each drains evenly
+        over its expected duration); ended ones are dropped."""
+        if not self._loads:
+            return 0, 0.0
+        live = [(a, b, s) for a, b, s in self._loads if b > now]
+        if len(live) != len(self._loads):
+            self._loads.clear()
+            self._loads.extend(live)
+        return len(live), sum(s * (b - now) / (b - a) for a, b, s in live)
+
+    def book_load(self, tokens: float, bytes_per_token: int) -> None:
+        """A request was routed to load ``tokens`` of KV from the store: book its bytes until
+        it is expected done, sharing the bandwidth with what is already moving."""
+        if tokens <= 0:
+            return
+        now = self._clock()
+        loads, backlog = self._in_flight(now)
+        alone = tokens * bytes_per_token / self._bytes_per_s
+        self._loads.append((now, now + self._setup_s + alone + min(loads * alone, backlog), alone))
 
     def record(self, keys: Sequence[int]) -> None:
         """``keys`` were computed (or loaded) somewhere: the engine writes them to the store."""

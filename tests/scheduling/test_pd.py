@@ -54,7 +54,7 @@ def test_pair_follows_the_cached_prefix():
 
 
 def test_pair_avoids_a_congested_link():
-    s = snap(CLUSTER, loads={"p1": Load(0, 0, 0, 12), "d1": Load(0, 0, 0, 12)})
+    s = snap(CLUSTER, loads={"p1": Load(0, 0, 0, 12, 48 << 30), "d1": Load(0, 0, 0, 12, 48 << 30)})
     d = policy().choose(req(), CLUSTER, s)
     assert d.prefill == "p2" and d.instance == "d2"
     assert d.terms["d1<-p1"]["transfer_s"] > 5 * d.terms["d2<-p2"]["transfer_s"]

@@ -89,6 +89,22 @@ def test_with_a_store_a_copy_costs_a_load_so_a_busy_home_is_left_for_an_idle_ins
     assert d.instance != "a" and not d.filtered
 
 
+def test_a_displaced_prefix_is_priced_at_its_reload_on_the_store_as_busy_as_it_is():
+    from router.scheduling.placement import CacheRoomFilter
+
+    flt = CacheRoomFilter(W, displacement=1.0)
+    held = 2048.0  # the home holds it all; a copy on b duplicates it
+    assert flt.displacement_s(req(), view(), held) == pytest.approx(2048 / RATE)  # no store: a recompute
+    idle = hit()  # 10M tokens/s: 0.2 ms
+    assert flt.displacement_s(req(store=idle), view(), held) == pytest.approx(2048 * 1000 / 10e9)
+    # three loads still moving 1 s of bytes: the reload shares the store with them
+    busy = replace(idle, loads=3, backlog_s=1.0)
+    assert flt.displacement_s(req(store=busy), view(), held) == pytest.approx(4 * 2048 * 1000 / 10e9)
+    # never more than recomputing: a store slower than the GPU is not how the prefix comes back
+    jammed = replace(idle, loads=10_000, backlog_s=1e6)
+    assert flt.displacement_s(req(store=jammed), view(), held) == pytest.approx(2048 / RATE)
+
+
 async def test_decide_tells_the_request_what_the_store_holds_and_records_what_it_books():
     now = [0.0]
     tier = StoreTier(capacity=1000, bytes_per_s=10e9, bytes_per_token=1000, clock=lambda: now[0])
@@ -104,6 +120,35 @@ async def test_decide_tells_the_request_what_the_store_holds_and_records_what_it
     await store.forget_instance(without.decision.instance)
     again = await decide(store, policy, req(rid="r3"), CANDS, tier=tier)
     assert again.decision.terms[again.decision.instance]["uncached_tokens"] == 0  # all of it loads
+
+
+async def test_a_load_is_booked_so_the_next_one_is_priced_behind_it_until_it_should_be_done():
+    now = [0.0]
+    tier = StoreTier(capacity=1000, bytes_per_s=10e9, bytes_per_token=1000, clock=lambda: now[0])  # 10M tok/s
+    store = MemoryStore({c.id: 10_000 for c in CANDS}, clock=lambda: now[0])
+    tier.record(req().keys)
+    first = await decide(store, ttft_policy(), req(rid="r1"), CANDS, tier=tier)  # loads 2048 tokens: 0.2 ms
+    assert first.decision.terms[first.decision.instance]["uncached_tokens"] == 0
+    h = tier.hit(req().keys)
+    assert h.loads == 1 and h.backlog_s == pytest.approx(2048 * 1000 / 10e9)
+    # a second load of the same size shares the bandwidth with it: twice as long
+    assert colocated_ttft(req(store=h), view(), W).prefill_s == pytest.approx(2 * 2048 * 1000 / 10e9)
+    now[0] = 0.0001024  # half way through: half of it left to share
+    h = tier.hit(req().keys)
+    assert h.loads == 1 and h.backlog_s == pytest.approx(1024 * 1000 / 10e9)
+    now[0] = 0.01  # expected done: the booking expires by itself
+    assert tier.hit(req().keys).loads == 0
+    # an instance that caches the prefix loads nothing, and books nothing
+    await decide(store, ttft_policy(), req(rid="r2"), CANDS, tier=tier)
+    assert tier.hit(req().keys).loads == 0
+
+
+def test_booked_loads_are_bounded():
+    tier = StoreTier(capacity=10, bytes_per_s=1.0, bytes_per_token=1, clock=lambda: 0.0)
+    for _ in range(StoreTier.max_loads + 10):
+        tier.book_load(1, 1)
+    tier.record((1,))
+    assert tier.hit((1,)).loads == StoreTier.max_loads
 
 
 def test_the_tier_is_bounded_and_forgets_the_deepest_blocks_first():

@@ -56,6 +56,7 @@ class ClusterSpec:
     store_gbps: float = 100.0  # the store's read bandwidth, shared by concurrent loads
     store_aware: bool = True  # the router is told of the store (kv_store.enabled) and prices loads from it
     prefill_chunk_tokens: int = 0  # the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens)
+    max_batched_tokens: int | None = None  # the engines' step budget; None = the profile's
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -76,7 +77,7 @@ class ClusterSpec:
 
     def emulator_config(self) -> EmulatorConfig:
         return EmulatorConfig(profile=self.profile, cache_tokens=self.cache_tokens, max_num_seqs=self.max_num_seqs,
-                              faults=FaultConfig(slowdown=self.slowdown),
+                              faults=FaultConfig(slowdown=self.slowdown), max_batched_tokens=self.max_batched_tokens,
                               flavor=self.flavor, kv_dtype=self.kv_dtype,  # type: ignore[arg-type]
                               kv_transfer_interference=self.transfer_interference)
 
@@ -95,6 +96,10 @@ class ClusterSpec:
 
     def zone_of(self, index: int) -> str:
         return f"{ZONE}{index % self.zones}" if self.zones > 1 else ZONE
+
+    def step_budget(self) -> int:
+        """The engines' prefill tokens per step (chunked prefill; SGLang's KV chunk)."""
+        return self.max_batched_tokens or self.perf().max_batched_tokens
 
     def perf(self) -> PerfProfile:
         return get_profile(self.profile)
@@ -122,7 +127,7 @@ class ClusterSpec:
             kv_bytes_per_token=self.kv_bytes_per_token(),
             links=LinkConfig(same_node_gbps=link, same_zone_gbps=link, cross_zone_gbps=min(link, self.uplink()),
                              setup_s=self.transfer_latency_s),
-            handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.perf().max_batched_tokens,
+            handoff=HandoffConfig(overlap_chunk_tokens=emu.overlap_chunk_tokens or self.step_budget(),
                                   link_aware=self.link_aware, nic_gbps=link,
                                   isolation=self.isolation,  # type: ignore[arg-type]
                                   transfer_interference=self.transfer_interference),

@@ -40,6 +40,10 @@ class Recorder:
     estimate: list[float] = field(init=False)  # the policy's predicted TTFT, NaN when it has none
     transfer_estimate: list[float] = field(init=False)  # the route's priced transfer term (PD), NaN otherwise
     handoff: list[float] = field(init=False)  # measured: prefill finished -> KV arrived on D (PD), NaN otherwise
+    # PD only, by term (loadtests/estimate_terms.py): the priced terms of the chosen route and the instants
+    # that measure them: P first schedules the request, P finishes its prefill, the KV is on D, D schedules it
+    priced: dict[int, tuple[float, float, float, float, float]] = field(default_factory=dict)
+    milestones: dict[int, list[float]] = field(default_factory=dict)
     finishes: list[int] = field(init=False)  # times each request finished (must end at 1)
     rejected: list[int] = field(default_factory=list)
     reasons: Counter[str] = field(default_factory=Counter)
@@ -78,6 +82,8 @@ class Recorder:
             terms = decision.terms.get(f"{decision.instance}<-{decision.prefill}")
             if terms is not None and "transfer_s" in terms:
                 self.transfer_estimate[i] = terms["transfer_s"]
+                self.priced[i] = (terms["queue_s"], terms["prefill_s"], terms["transfer_s"], terms["admission_s"],
+                                  terms["decode_step_s"])
         self.reasons[decision.reason] += 1
 
     def prefilled(self, i: int, cached: int, loaded: int = 0) -> None:
@@ -88,6 +94,11 @@ class Recorder:
         bucket = self.hit_series[int(self.arrival[i] // self.bucket_s)]
         bucket[0] += cached + loaded
         bucket[1] += self.prompt[i]
+
+    def milestone(self, i: int, which: int, t: float) -> None:
+        """A PD request's ``which``-th instant (0: P schedules it, 1: P's prefill ends, 2: KV on D,
+        3: D schedules it); NaN until seen."""
+        self.milestones.setdefault(i, [math.nan] * 4)[which] = t
 
     def step(self, node: int, now: float, duration: float, shape: StepShape) -> None:
         self.steps += 1

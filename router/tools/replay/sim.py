@@ -266,6 +266,8 @@ class Simulation:
                 self.kvstore.put(computed.hashes)
         if node is flight.prefill:
             return  # the prefill leg's token never reaches the client; its finish hands off
+        if flight.prefill is not None and flight.request.schedule_time is not None:
+            self.record.milestone(flight.index, 3, flight.request.schedule_time)
         if flight.prefill is None:
             self.record.prefilled(flight.index, flight.request.num_cached, flight.request.num_loaded)
             if self.calibration is not None:
@@ -289,6 +291,9 @@ class Simulation:
         assert flight.prefill is not None
         self.record.prefilled(flight.index, prefilled.num_cached, prefilled.num_loaded)
         flight.prefilled_at = self.now
+        if prefilled.schedule_time is not None:
+            self.record.milestone(flight.index, 0, prefilled.schedule_time)
+        self.record.milestone(flight.index, 1, self.now)
         run_sync(self.store.prefill_leg_done(flight.routed.booking))  # as live, when the prefill leg answers
         self._streaming[flight.prefill.index].remove(flight)
         self._stream(flight, prefilled, seal=True)
@@ -340,6 +345,7 @@ class Simulation:
     def _transfer_end(self, flight: Flight) -> None:
         assert flight.prefill is not None
         self.record.handoff[flight.index] = self.now - flight.prefilled_at
+        self.record.milestone(flight.index, 2, self.now)
         flight.prefill.engine.release_held(flight.request.request_id)
         self._kick(flight.prefill)
         flight.answer.engine.add_request(flight.request, self.now)
