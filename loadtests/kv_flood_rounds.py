@@ -186,7 +186,7 @@ def rows(layout: Layout, mode: str, cells: dict[int, Cell], gaps: float) -> tupl
     out: list[list[object]] = []
     verdicts = []
     for rate, cell in cells.items():
-        def med(k: str) -> float:
+        def med(k: str, cell: Cell = cell) -> float:
             return statistics.median(r.get(k, 0.0) for r in cell.runs)
 
         flood = rate > 0

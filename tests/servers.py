@@ -163,7 +163,7 @@ def redis_cluster(binary: str, nodes: int = 3) -> Iterator[str]:
     clients: list[redis.Redis] = []
     try:
         ports = []
-        for i in range(nodes):
+        for _ in range(nodes):
             port = free_cluster_port()
             ports.append(port)
             procs.append(subprocess.Popen(
@@ -178,9 +178,9 @@ def redis_cluster(binary: str, nodes: int = 3) -> Iterator[str]:
                 try:
                     client.ping()
                     break
-                except redis.ConnectionError:
+                except redis.ConnectionError as exc:
                     if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("redis-server (cluster node) did not start")
+                        raise RuntimeError("redis-server (cluster node) did not start") from exc
                     time.sleep(0.05)
         share = 16384 // nodes
         for i, client in enumerate(clients):

@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 

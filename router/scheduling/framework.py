@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.state.base import Load, Snapshot
 from router.state.displacement import FULL_ROOM

@@ -157,7 +157,7 @@ class Runner:
         client = self._client
         assert isinstance(client, aioredis.RedisCluster)
         calls = []
-        for tag, indices in groups.items():
+        for indices in groups.values():
             keys, argv = _encode([ops[i] for i in indices])
             calls.append(("EVALSHA", self._sha, len(keys), *keys, *argv))
         results: list[Any]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import helm_python as helm
 import pytest

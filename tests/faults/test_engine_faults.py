@@ -63,7 +63,7 @@ def test_an_engine_dropping_every_stream_is_ejected(emulators):
     with router(instances, policy={"name": "round_robin", "seed": 1}) as (url, app):
         started = time.monotonic()
         broken = 0
-        for i in range(30):
+        for _ in range(30):
             r = httpx.post(f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=10)
             broken += "upstream_disconnected" in r.text
         inst = app.state.pool.get("hole")
@@ -112,7 +112,7 @@ def test_a_hung_engine_is_left_after_the_first_byte_timeout(emulators):
     hung, good = emulators(faults=FaultConfig(stall_rate=1.0, stall_seconds=0)), emulators()
     instances = [{"url": hung.url, "name": "hung"}, {"url": good.url, "name": "good"}]
     with router(instances, policy={"name": "round_robin", "seed": 1}, proxy={"first_byte_timeout_s": 0.5}) as (url, _):
-        for i in range(3):
+        for _ in range(3):
             started = time.monotonic()
             r = httpx.post(f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=10)
             texts, done = sse_texts(r.text)
@@ -139,7 +139,7 @@ def test_a_stream_dying_before_its_first_token_is_retried():
     dead_early, good = FakeBackend("early", die_after=0), FakeBackend("good")
     with serve_app(dead_early.app()) as e, serve_app(good.app()) as g, \
             router([{"url": e, "name": "early"}, {"url": g, "name": "good"}], policy={"name": "round_robin", "seed": 1}) as (url, _):
-        for i in range(4):
+        for _ in range(4):
             r = httpx.post(f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=10)
             texts, done = sse_texts(r.text)
             assert r.status_code == 200 and texts == ["t0", "t1", "t2"] and done == 1

@@ -25,8 +25,9 @@ async def test_the_limit_queues_then_refuses_with_retry_after():
         assert refused.headers["retry-after"] == "2" and refused.json()["error"]["code"] == "overloaded"
         assert engine.peak <= 4
         assert loads(url) == {"e": 0}
-        assert httpx.post(f"{url}/v1/completions", json=completion(99)).status_code == 200  # the slots came back
-        metrics = httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
+        async with httpx.AsyncClient(timeout=30) as client:
+            assert (await client.post(f"{url}/v1/completions", json=completion(99))).status_code == 200  # the slots came back
+            metrics = (await client.get(f"{url}/metrics", headers={"authorization": f"Bearer {TOKEN}"})).text
         assert 'pd_router_rejected_total{status="429"} 8.0' in metrics
 
 

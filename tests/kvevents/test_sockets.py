@@ -9,7 +9,7 @@ import zmq.asyncio
 
 from router.config.model import load_config
 from router.core.instances import InstancePool
-from router.kvevents.discovery import specs_from_answer
+from router.kvevents.discovery import DiscoveryError, specs_from_answer
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sockets import replay
 from router.state.precise import EventResidency
@@ -116,7 +116,7 @@ def test_discovery_answers_say_which_side_binds():
         {"data_parallel_rank": 1, "endpoint": "tcp://[::]:5560", "topic": "kv@a"}])
     assert (specs[0].endpoint, specs[0].bind) == (None, "tcp://*:5557")  # the engine connects: the router binds
     assert (specs[1].endpoint, specs[1].dp_rank) == ("tcp://10.1.2.3:5560", 1)
-    with pytest.raises(Exception):
+    with pytest.raises(DiscoveryError):
         specs_from_answer("a", url, "m", [])
 
 
@@ -129,7 +129,7 @@ def test_discovery_reads_vllm_032s_answer_keyed_by_rank():
     specs = specs_from_answer("a", "http://10.1.2.3:8000", "m", answer)
     assert [(s.dp_rank, s.endpoint, s.replay_endpoint, s.topic) for s in specs] == [
         (0, "tcp://10.1.2.3:18732", "tcp://10.1.2.3:18733", "kv"), (1, "tcp://10.1.2.3:18734", None, "kv")]
-    with pytest.raises(Exception):
+    with pytest.raises(DiscoveryError):
         specs_from_answer("a", "http://10.1.2.3:8000", "m", {})  # what vLLM answers with events off
 
 

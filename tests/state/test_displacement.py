@@ -26,7 +26,7 @@ def test_evicting_cold_blocks_makes_a_copy_cheap():
 
 def test_evicted_blocks_that_come_back_make_a_copy_dear():
     idx = ResidencyIndex(ttl_s=600)
-    for round_ in range(30):  # five tenants of 10 blocks share a 40-block cache, round robin
+    for _ in range(30):  # five tenants of 10 blocks share a 40-block cache, round robin
         for tenant in range(1, 6):
             idx.record("a", _prefix(tenant), cap=40, now=0)
     free, misses = idx.rooms()["a"]
@@ -36,7 +36,7 @@ def test_evicted_blocks_that_come_back_make_a_copy_dear():
 def test_hot_and_cold_traffic_lands_in_between_and_only_on_its_instance():
     idx = ResidencyIndex(ttl_s=600)
     cold = 100
-    for round_ in range(30):
+    for _ in range(30):
         for tenant in range(1, 4):
             idx.record("a", _prefix(tenant), cap=40, now=0)
             cold += 1
@@ -49,7 +49,7 @@ def test_hot_and_cold_traffic_lands_in_between_and_only_on_its_instance():
 
 def test_forget_drops_the_room_and_the_ghosts():
     idx = ResidencyIndex(ttl_s=600)
-    for round_ in range(10):
+    for _ in range(10):
         for tenant in range(1, 6):
             idx.record("a", _prefix(tenant), cap=40, now=0)
     idx.forget("a")

@@ -35,7 +35,7 @@ _LAZY = {
     "Tokenizer": "router.tools.emulator.tokenizer",
 }
 
-__all__ = ["EmulatorConfig", "FaultConfig", *_LAZY]
+__all__ = ["EmulatorConfig", "FaultConfig", *_LAZY]  # noqa: PLE0604 (the lazy names are strings)
 
 
 def __getattr__(name: str) -> Any:

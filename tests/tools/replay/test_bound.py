@@ -10,7 +10,6 @@ from router.tools.replay.bound import bound_summary, bound_ttfts, gap_closed
 from router.tools.replay.capacity import sustained
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.run import replay
-from router.tools.replay.summary import ttfts
 from router.tools.replay.sim import Simulation
 from router.tools.replay.run import policy_for
 from router.tools.replay.synthetic import generate
