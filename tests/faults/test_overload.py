@@ -14,8 +14,11 @@ from servers import FakeBackend
 
 
 async def test_the_limit_queues_then_refuses_with_retry_after():
-    engine = FakeBackend("e", first_byte_s=0.4, chunk_s=0.1)
-    with cluster(engine, proxy={"max_concurrent": 4, "max_queued": 4, "queue_timeout_s": 2}) as (url, _):
+    # The first four hold their slots ~1.7 s, so that all 16 have arrived before any slot frees
+    # even on a slow host (a trickle would let a fifth be served at once); the queue waits up to
+    # 10 s, so the four queued behind them are served, never timed out.
+    engine = FakeBackend("e", first_byte_s=1.4, chunk_s=0.1)
+    with cluster(engine, proxy={"max_concurrent": 4, "max_queued": 4, "queue_timeout_s": 10}) as (url, _):
         async with httpx.AsyncClient(timeout=10) as client:
             rs = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=completion(i, stream=i % 2 == 0))
                                         for i in range(16)))
