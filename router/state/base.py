@@ -93,7 +93,14 @@ class Booking:
 
     @classmethod
     def single(cls, id: str, instance: str, prefill_tokens: int, kv_tokens: int, keys: Sequence[int] = ()) -> "Booking":
-        return cls(id, (Leg(instance, prefill_tokens, kv_tokens),), tuple(keys))
+        """One leg: what every colocated decision books, so built without the frozen
+        ``__init__``s' ``object.__setattr__`` per field (0.5 vs 1.3 us)."""
+        leg = object.__new__(Leg)
+        leg.__dict__.update(instance=instance, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens, transfers=0,
+                            transfer_bytes=0, transient=False)
+        out = object.__new__(cls)
+        out.__dict__.update(id=id, legs=(leg,), keys=tuple(keys))
+        return out
 
     @property
     def instance(self) -> str:

@@ -207,3 +207,9 @@ def test_a_booked_load_is_the_dataclass_built_the_fast_way():
     fast = Load.booked(1, 2, 3, 4, 5)
     assert fast == Load(1, 2, 3, 4, 5) and vars(fast) == vars(Load(1, 2, 3, 4, 5))
     assert fast.with_head(1.5, 7).prefill_head_tokens == 7 and fast.prefill_started_s == 0.0
+
+
+def test_a_single_leg_booking_is_the_dataclass_built_the_fast_way():
+    fast, slow = Booking.single("b", "i0", 7, 9, [3, 4]), Booking("b", (Leg("i0", 7, 9),), (3, 4))
+    assert fast == slow and hash(fast) == hash(slow)
+    assert vars(fast.legs[0]) == vars(slow.legs[0]) and vars(fast) == vars(slow)
