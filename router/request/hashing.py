@@ -72,7 +72,11 @@ def text_block_keys(text: str, block_chars: int, seed: int, max_blocks: int) -> 
         return []
     start = _domain_seed(seed, _TEXT_DOMAIN)
     if text.isascii():  # one encode, then byte blocks: characters and bytes coincide
-        return chain_keys(text[: n_blocks * block_chars].encode("ascii"), block_chars, n_blocks, start)
+        # chain_keys reads only the leading blocks, so the prefix is cut off only when the rest
+        # is longer than it: a slice copies the prefix, an encode copies what it encodes.
+        hashed = n_blocks * block_chars
+        data = text.encode("ascii") if len(text) <= 2 * hashed else text[:hashed].encode("ascii")
+        return chain_keys(data, block_chars, n_blocks, start)
     keys: list[int] = []
     prev = start
     for i in range(n_blocks):  # blocks of characters, each of its own byte length

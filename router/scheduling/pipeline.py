@@ -24,6 +24,7 @@ from router.scheduling.framework import (
     Scorer,
     View,
     build_views,
+    new_decision,
 )
 from router.state.base import Snapshot
 
@@ -103,7 +104,7 @@ class Pipeline:
             work = self._estimator.prefill_work(req, chosen)
         final, scored = routes, totals
         pricers = self._pricers
-        return Decision(
+        return new_decision(
             instance=chosen.candidate.id,
             acceptable=frozenset(routes[i].key for i in ties),
             reason=why or reason,
@@ -115,6 +116,7 @@ class Pipeline:
             prefill_work=work,
             plugin_scores=LazyMap(lambda: {r.key: {n: vals[k] for n, vals in per_scorer} for k, r in enumerate(final)}),
             filtered=LazyMap(lambda: _filtered(dropped, final)),
+            profiles={},
         )
 
 

@@ -44,11 +44,16 @@ class Pruner:
         self._pool: list[Candidate] = []
         self._ids: list[str] = []
         self._by_id: dict[str, Candidate] = {}
+        # (load index, its membership count) when every loaded instance was last found in the
+        # pool: the subset test is a pass over the loaded instances, and membership changes
+        # far less often than decisions are made on a busy pool.
+        self._inside: tuple[object, int] | None = None
 
     def _index_pool(self, candidates: Sequence[Candidate]) -> tuple[list[str], dict[str, Candidate]]:
         pool = candidates if isinstance(candidates, list) else list(candidates)
         if pool != self._pool:  # identical objects compare in C without calling __eq__
             self._pool = list(pool)
+            self._inside = None
             self._ids = [c.id for c in pool]
             self._by_id = dict(zip(self._ids, pool))
         return self._ids, self._by_id
@@ -71,7 +76,9 @@ class Pruner:
         # Idle non-holders, in pool order (the seeded sample depends on it). When every loaded
         # instance is in the pool (no retry exclusions: the usual case) their number is a
         # subtraction, so a busy pool costs no pass over it beyond one C-level subset test.
-        inside = loaded.keys() <= by_id.keys()
+        seen = (index, index.membership)
+        inside = self._inside == seen or loaded.keys() <= by_id.keys()
+        self._inside = seen if inside else None
         unloaded = by_id.keys() - loaded.keys() - chosen.keys() if not inside or len(by_id) > len(loaded) else ()
         idle = [i for i in ids if i in unloaded] if unloaded else []
         take = self._rng.sample(idle, k) if len(idle) > k else idle

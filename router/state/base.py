@@ -33,6 +33,15 @@ class Load:
     prefill_started_s: float = field(default=0.0, compare=False)
     prefill_head_tokens: int = field(default=0, compare=False)  # that head's booked work: it cannot drain more
 
+    @staticmethod
+    def booked(requests: int, prefill_tokens: int, kv_tokens: int, transfers: int, transfer_bytes: int) -> "Load":
+        """``Load(requests, ...)`` without the frozen ``__init__``'s ``object.__setattr__`` per
+        field (0.4 vs 0.8 us): a store builds one on every booking change."""
+        out = object.__new__(Load)
+        out.__dict__.update(requests=requests, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens, transfers=transfers,
+                            transfer_bytes=transfer_bytes, prefill_started_s=0.0, prefill_head_tokens=0)
+        return out
+
     def with_head(self, started_s: float, head_tokens: int) -> "Load":
         """This load with its queue head's progress: what a snapshot hands each candidate
         with queued prefill. A copy of the fields without the frozen ``__init__``'s one
@@ -84,7 +93,14 @@ class Booking:
 
     @classmethod
     def single(cls, id: str, instance: str, prefill_tokens: int, kv_tokens: int, keys: Sequence[int] = ()) -> "Booking":
-        return cls(id, (Leg(instance, prefill_tokens, kv_tokens),), tuple(keys))
+        """One leg: what every colocated decision books, so built without the frozen
+        ``__init__``s' ``object.__setattr__`` per field (0.5 vs 1.3 us)."""
+        leg = object.__new__(Leg)
+        leg.__dict__.update(instance=instance, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens, transfers=0,
+                            transfer_bytes=0, transient=False)
+        out = object.__new__(cls)
+        out.__dict__.update(id=id, legs=(leg,), keys=tuple(keys))
+        return out
 
     @property
     def instance(self) -> str:

@@ -39,6 +39,10 @@ class LoadIndex:
         self._key: dict[str, float] = {}
         self._requests: dict[str, int] = {}
         self.total_requests = 0  # in flight over every instance in the index
+        # Counts instances entering or leaving the index (not key changes): a reader that
+        # derived something from the set of loaded instances (prune.py: "are they all in my
+        # pool") keeps it while this is unchanged.
+        self.membership = 0
 
     def update(self, instance: str, load: Booked | None) -> None:
         """``instance`` now carries ``load`` (None or idle: it leaves the index)."""
@@ -47,7 +51,11 @@ class LoadIndex:
             del self._order[bisect_left(self._order, (old, instance))]
             self.total_requests -= self._requests.pop(instance)
         if load is None or (load.requests == 0 and load.prefill_tokens == 0 and load.kv_tokens == 0 and load.transfers == 0):
+            if old is not None:
+                self.membership += 1
             return
+        if old is None:
+            self.membership += 1
         key = load.prefill_tokens + load.requests * self._request_tokens
         self._key[instance] = key
         self._requests[instance] = load.requests

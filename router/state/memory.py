@@ -83,7 +83,7 @@ class MemoryStore(StateStore):
             return
         self._bookings[booking.id] = booking
         for leg in booking.legs:
-            self._add(leg.instance, Load(1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes), bid=booking.id)
+            self._add(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes, bid=booking.id)
             if booking.keys:
                 self.record_residency(leg.instance, booking.keys)
 
@@ -100,7 +100,7 @@ class MemoryStore(StateStore):
             self._legs_done.add(bid)
             for leg in booking.legs:
                 if leg.transient:
-                    self._add(leg.instance, Load(0, leg.prefill_tokens), sign=-1, bid=bid)
+                    self._add(leg.instance, 0, leg.prefill_tokens, 0, 0, 0, sign=-1, bid=bid)
 
     def _queued_work(self, bid: str, leg: Leg) -> int:
         """The prefill work a leg still has booked (none once its remote prefill finished)."""
@@ -112,9 +112,9 @@ class MemoryStore(StateStore):
             for leg in booking.legs:
                 pf = self._queued_work(booking.id, leg)
                 if leg.transient:
-                    self._add(leg.instance, Load(1, pf, leg.kv_tokens, leg.transfers, leg.transfer_bytes), sign=-1, bid=booking.id)
+                    self._add(leg.instance, 1, pf, leg.kv_tokens, leg.transfers, leg.transfer_bytes, sign=-1, bid=booking.id)
                 else:
-                    self._add(leg.instance, Load(0, pf, 0, leg.transfers, leg.transfer_bytes), sign=-1, bid=booking.id)
+                    self._add(leg.instance, 0, pf, 0, leg.transfers, leg.transfer_bytes, sign=-1, bid=booking.id)
 
     async def release(self, booking: Booking) -> None:
         if self._bookings.pop(booking.id, None) is None:
@@ -125,7 +125,7 @@ class MemoryStore(StateStore):
             if prefilled and leg.transient:
                 continue  # released at the first byte
             pf, tx, tb = (0, 0, 0) if prefilled else (self._queued_work(booking.id, leg), leg.transfers, leg.transfer_bytes)
-            self._add(leg.instance, Load(1, pf, leg.kv_tokens, tx, tb), sign=-1, bid=booking.id)
+            self._add(leg.instance, 1, pf, leg.kv_tokens, tx, tb, sign=-1, bid=booking.id)
         self._legs_done.discard(booking.id)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
@@ -166,19 +166,20 @@ class MemoryStore(StateStore):
         if head is None or head[0] != first:
             self._heads[instance] = (first, self._clock(), queue[first])
 
-    def _add(self, instance: str, delta: Load, sign: int = 1, bid: str = "") -> None:
+    def _add(self, instance: str, requests: int, prefill: int, kv: int, transfers: int, nbytes: int, sign: int = 1,
+             bid: str = "") -> None:
+        """Add (``sign`` 1) or take back (-1) a leg's load on ``instance``, never below zero."""
         old = self._loads.get(instance, _IDLE)
-        new = Load(
-            max(0, old.requests + sign * delta.requests),
-            max(0, old.prefill_tokens + sign * delta.prefill_tokens),
-            max(0, old.kv_tokens + sign * delta.kv_tokens),
-            max(0, old.transfers + sign * delta.transfers),
-            max(0, old.transfer_bytes + sign * delta.transfer_bytes),
-        )
-        if delta.prefill_tokens and bid:
-            self._track_head(instance, bid, delta.prefill_tokens, sign)
-        if new == _IDLE:  # absent means idle: instances that come and go leave nothing behind
+        r = max(0, old.requests + sign * requests)
+        p = max(0, old.prefill_tokens + sign * prefill)
+        k = max(0, old.kv_tokens + sign * kv)
+        t = max(0, old.transfers + sign * transfers)
+        b = max(0, old.transfer_bytes + sign * nbytes)
+        if prefill and bid:
+            self._track_head(instance, bid, prefill, sign)
+        if not (r or p or k or t or b):  # absent means idle: instances that come and go leave nothing behind
             self._loads.pop(instance, None)
-        else:
-            self._loads[instance] = new
+            self._index.update(instance, None)
+            return
+        new = self._loads[instance] = Load.booked(r, p, k, t, b)
         self._index.update(instance, new)

@@ -66,3 +66,15 @@ def test_non_ascii_text_keys_follow_characters_not_bytes():
     a = text_block_keys("é" * 64 + "x" * 64, 64, SEED, 10)
     b = text_block_keys("é" * 64 + "y" * 64, 64, SEED, 10)
     assert len(a) == 2 and a[0] == b[0] and a[1] != b[1]
+
+
+def test_ascii_text_keys_whether_the_tail_is_encoded_or_cut_off():
+    """text_block_keys encodes the whole text when its unhashed tail is short and cuts the
+    prefix off first when it is long: either way the keys are the chain of the leading blocks."""
+    from router.request.hashing import _domain_seed, text_block_keys
+
+    text = "".join(chr(97 + (i * 7) % 26) for i in range(64 * 40 + 17))
+    start = _domain_seed(SEED, b"t")
+    for max_blocks in (40, 21, 20, 19, 3, 1):  # whole (tail <= prefix) down to cut off (tail > prefix)
+        want = _reference_chain(text.encode("ascii"), 64, min(40, max_blocks), start)
+        assert text_block_keys(text, 64, SEED, max_blocks) == want, max_blocks

@@ -219,3 +219,17 @@ def test_a_broken_installed_plugin_stops_the_router_naming_it(tmp_path, monkeypa
     path.write_text(yaml.safe_dump({"instances": [{"url": "http://127.0.0.1:9"}]}))
     assert main(["serve", "--config", str(path)]) == 2
     assert "cannot load plugin entry point 'acme' = 'acme_gone'" in capsys.readouterr().err
+
+
+def test_new_decision_is_the_dataclass_built_the_fast_way():
+    from dataclasses import fields
+
+    from router.scheduling.framework import Decision, new_decision
+
+    given = {f.name: f"v{i}" for i, f in enumerate(fields(Decision))}
+    fast = new_decision(**given)
+    assert fast == Decision(**given) and fast.key == Decision(**given).key
+    with pytest.raises(TypeError, match="missing \\['profiles'\\]"):
+        new_decision(**{k: v for k, v in given.items() if k != "profiles"})
+    with pytest.raises(TypeError, match="unknown \\['extra'\\]"):
+        new_decision(**given, extra=1)

@@ -90,3 +90,27 @@ def test_load_index_orders_and_totals():
     index.update("a", Load(0, 0, 0, 0))
     index.update("c", Load(1, 5, 0, 0))
     assert list(index.ascending()) == ["b", "c"] and index.total_requests == 2
+
+
+def test_the_pool_check_follows_instances_entering_and_leaving_the_load_index():
+    """The pruner keeps "every loaded instance is in the pool" while no instance entered or
+    left the index: one outside the pool must still be taken out of the pool's total."""
+    store = MemoryStore({}, 600.0, default_cap=100)
+    cands = [Candidate(f"i{n}", cache_tokens=10_000, prefill_tokens_per_s=8000) for n in range(12)]
+    index = store.load_index()
+    for n in range(12):
+        index.update(f"i{n}", Load(1, 100 * n, 0, 0))
+    pruner = Pruner(2, random.Random(0))
+    req = RouteRequest("r", (), 16, 8, 16)
+    assert pruner.prune(store, req, cands).request.population == (12, 12)
+    assert pruner.prune(store, req, cands).request.population == (12, 12)  # the cached answer
+    index.update("i3", Load(4, 300, 0, 0))  # a key change: same members
+    assert pruner.prune(store, req, cands).request.population == (15, 12)
+    index.update("outside", Load(5, 0, 0, 0))  # an instance of another pool enters
+    assert pruner.prune(store, req, cands).request.population == (15, 12)
+    index.update("outside", None)
+    index.update("i0", None)
+    assert pruner.prune(store, req, cands).request.population == (14, 12)
+    assert pruner.prune(store, req, cands[1:]).request.population == (14, 11)  # another pool
+    index.update("outside", Load(2, 0, 0, 0))
+    assert pruner.prune(store, req, cands[1:]).request.population == (14, 11)

@@ -201,3 +201,15 @@ async def test_a_finished_prefill_leg_stops_queueing_but_keeps_its_transfer_book
     assert view.loads["b"] == Load(1, 100, 150, 0) and view.loads["a"] == Load() and view.loads["c"] == Load()
     await store.release(other)
     assert (await store.snapshot([], INSTANCES)).loads["b"] == Load()
+
+
+def test_a_booked_load_is_the_dataclass_built_the_fast_way():
+    fast = Load.booked(1, 2, 3, 4, 5)
+    assert fast == Load(1, 2, 3, 4, 5) and vars(fast) == vars(Load(1, 2, 3, 4, 5))
+    assert fast.with_head(1.5, 7).prefill_head_tokens == 7 and fast.prefill_started_s == 0.0
+
+
+def test_a_single_leg_booking_is_the_dataclass_built_the_fast_way():
+    fast, slow = Booking.single("b", "i0", 7, 9, [3, 4]), Booking("b", (Leg("i0", 7, 9),), (3, 4))
+    assert fast == slow and hash(fast) == hash(slow)
+    assert vars(fast.legs[0]) == vars(slow.legs[0]) and vars(fast) == vars(slow)

@@ -95,3 +95,35 @@ def test_record_leaves_the_index_exactly_as_the_per_key_version():
             assert matched == ref.matched(query, instances, now)
             assert fast.confidences(query, matched) == ref.confidences(query, matched)
             assert fast.holders(query[0], now) == ref.holders(query[0], now)
+
+
+def test_a_prefix_booked_again_where_it_was_recorded_last_is_only_restamped():
+    """Recording the prefix an instance recorded last, untouched since, skips the moves: the
+    index must still end up as the per-key version left it, also after other traffic, a
+    shorter prefix of it, a take-back, expiry, a cap below its length, or the instance forgotten."""
+    prompt = tuple(range(100, 612))
+    other = tuple(range(5000, 5040))
+    fast, ref = ResidencyIndex(60.0), PerKeyResidency(60.0)
+    steps: list[tuple[str, str, Sequence[int], int, float]] = [
+        ("record", "i0", prompt, 600, 0.0), ("record", "i0", prompt, 600, 1.0), ("record", "i0", list(prompt), 600, 2.0),
+        ("record", "i0", other, 600, 3.0), ("record", "i0", prompt, 600, 4.0),  # other traffic in between
+        ("record", "i0", prompt[:300], 600, 5.0), ("record", "i0", prompt, 600, 6.0),  # a shorter prefix of it
+        ("record", "i1", prompt, 600, 7.0), ("record", "i0", prompt, 600, 8.0),  # another instance's record
+        ("unrecord", "i0", prompt[200:], 0, 9.0), ("record", "i0", prompt, 600, 10.0),  # a take-back
+        ("unrecord", "i0", prompt[:1], 0, 11.0), ("record", "i0", prompt, 600, 12.0),  # the head taken back
+        ("record", "i0", prompt, 600, 80.0), ("record", "i0", prompt, 600, 81.0),  # after the first ones expired
+        ("record", "i0", prompt, 300, 82.0), ("record", "i0", prompt, 300, 83.0),  # a cap below its length
+        ("record", "i0", prompt, 600, 84.0), ("record", "i0", prompt, 600, 85.0),
+        ("forget", "i0", (), 0, 86.0), ("record", "i0", prompt, 600, 87.0), ("record", "i0", prompt, 600, 88.0),
+    ]
+    for action, inst, keys, cap, now in steps:
+        for index in (fast, ref):
+            if action == "record":
+                index.record(inst, keys, cap, now)
+            elif action == "unrecord":
+                index.unrecord(inst, keys)
+            else:
+                index.forget(inst)
+        assert _state(fast) == _state(ref), (action, inst, len(keys), now)
+        assert fast.matched(prompt, ["i0", "i1"], now) == ref.matched(prompt, ["i0", "i1"], now)
+        assert fast.confidences(prompt, fast.matched(prompt, ["i0"], now)) == ref.confidences(prompt, ref.matched(prompt, ["i0"], now))
