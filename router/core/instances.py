@@ -41,9 +41,6 @@ class Candidate:
     zone: str | None = None
     kv_bytes_per_token: int | None = None
     standalone: bool = True  # can serve a request without a remote prefill (SGLang decode workers cannot)
-    # The calibrated slowdown (measured / estimated TTFT), already divided into prefill_tokens_per_s;
-    # the decode-step terms (the wait for KV room, decode interference) are multiplied by it.
-    slowdown: float = 1.0
 
 
 @dataclass
@@ -92,7 +89,6 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> 
         id=ic.id,
         cache_tokens=ic.cache_tokens,
         prefill_tokens_per_s=(ic.prefill_tokens_per_s or default_rate) / factor,
-        slowdown=factor,
         role=ic.role,
         compat=ic.compat,
         node=ic.labels.get("node"),

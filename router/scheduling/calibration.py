@@ -3,8 +3,7 @@
 Each observation compares the measured time (first byte seen by the router, or the
 prefill leg's answer) with what the policy predicted, and moves the instance's slowdown
 factor toward actual/estimated. The pool divides the instance's prefill rate by that
-factor and multiplies its decode-step terms by it (``Candidate.slowdown``: the wait for KV
-room, decode interference), so every estimate term tracks the hardware actually serving.
+factor, so queue and prefill estimates both track the hardware actually serving.
 
 Two rules keep the beliefs self-correcting:
 

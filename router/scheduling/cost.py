@@ -7,12 +7,6 @@
     interference = per-request delay * requests in flight (decode steps share the GPU)
     admission    = wait for KV room: the deficit over the rate running requests free KV
 
-Calibration (scheduling/calibration.py) measures one slowdown per instance (or pool) from
-TTFTs; it divides the prefill rate and multiplies the decode step and the per-request
-interference (``Candidate.slowdown``): an instance whose TTFTs say it is slower than
-believed is slow at decoding too, not slow at prefill but as quick as the defaults at
-freeing KV room.
-
 The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
 instance when declared (or calibrated), else the configured default. Cached tokens are
@@ -112,15 +106,13 @@ def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:
     return room if room < ahead else ahead
 
 def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, max_tokens: int,
-                   weights: TTFTWeights, slowdown: float = 1.0) -> float:
+                   weights: TTFTWeights) -> float:
     """Seconds until ``need`` KV tokens fit next to the ``kv_tokens`` booked by ``requests``
-    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room).
-    ``slowdown`` stretches the decode steps that free the room (Candidate.slowdown)."""
+    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room)."""
     deficit = kv_tokens + need - capacity
     if deficit <= 0 or kv_tokens <= 0:
         return 0.0
-    step = (weights.decode_step_s + weights.decode_interference_s * requests) * slowdown
-    lifetime = max(1.0, max_tokens / 2) * step
+    lifetime = max(1.0, max_tokens / 2) * (weights.decode_step_s + weights.decode_interference_s * requests)
     return lifetime * min(1.0, deficit / kv_tokens)
 
 
@@ -142,8 +134,8 @@ def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: fl
     return TTFTTerms(
         queue_s=queue + shared_step_tokens(queue * rate, uncached, weights.prefill_chunk_tokens) / rate,
         prefill_s=prefill_s,
-        interference_s=weights.decode_interference_s * load.requests * view.candidate.slowdown,
+        interference_s=weights.decode_interference_s * load.requests,
         uncached_tokens=round(uncached),
         admission_s=admission_wait(load.kv_tokens, load.requests, uncached + req.max_tokens,
-                                   view.candidate.cache_tokens, req.max_tokens, weights, view.candidate.slowdown),
+                                   view.candidate.cache_tokens, req.max_tokens, weights),
     )

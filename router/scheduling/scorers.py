@@ -132,18 +132,16 @@ class TTFTScorer:
                     queued += (room if room < ahead else ahead) / rate
             else:
                 queued = 0.0
-            slow = cand.slowdown  # calibrated: its decode steps stretch as its prefill rate shrinks
             est = (queued
                    + (prompt - cached) / rate
                    + overhead
                    + full - attention * cached * cached / 2
-                   + interference * load.requests * slow)
+                   + interference * load.requests)
             kv = load.kv_tokens
             if kv:  # cost.admission_wait, inlined
                 deficit = kv + prompt - cached + output - cand.cache_tokens
                 if deficit > 0:
-                    step = (w.decode_step_s + interference * load.requests) * slow
-                    est += steps * step * (deficit / kv if deficit < kv else 1.0)
+                    est += steps * (w.decode_step_s + interference * load.requests) * (deficit / kv if deficit < kv else 1.0)
             out.append(est)
         return out
 

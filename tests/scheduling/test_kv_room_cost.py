@@ -1,7 +1,5 @@
 """The wait for KV room in the colocated TTFT estimate, and the KV a colocated request books."""
 
-import pytest
-
 from router.config.model import TTFTWeights
 from router.core.instances import Candidate
 from router.scheduling.cost import admission_wait, colocated_ttft
@@ -47,17 +45,3 @@ def test_a_colocated_request_books_only_the_kv_it_adds():
     assert booking.legs[0].kv_tokens == 500 + 100  # its 1500 cached tokens are shared with whoever holds them
     pd = booking_for(req, Decision("d", frozenset({"d<-p"}), "score", prefill="p", mode="disaggregated"), snap)
     assert pd.legs[0].kv_tokens == 2100  # a decode instance receives the whole prompt
-
-
-def test_a_calibrated_slowdown_stretches_the_decode_step_terms_too():
-    """An instance measured 3x slower than believed frees KV room 3x slower and interferes 3x
-    more, not only prefills 3x slower: the factor applies to every rate-bound term."""
-    w = TTFTWeights(decode_step_s=0.01, decode_interference_s=0.002)
-    load = Load(requests=3, kv_tokens=7000)
-    believed, measured = (Candidate("a", cache_tokens=8000, prefill_tokens_per_s=9000.0 / f, slowdown=f) for f in (1.0, 3.0))
-    (fast,), (slow,) = build_views([believed], Snapshot({}, {"a": load})), build_views([measured], Snapshot({}, {"a": load}))
-    t_fast, t_slow = colocated_ttft(_req(), fast, w), colocated_ttft(_req(), slow, w)
-    assert t_fast.admission_s > 0.0
-    assert t_slow.admission_s == pytest.approx(3 * t_fast.admission_s)
-    assert t_slow.interference_s == pytest.approx(3 * t_fast.interference_s)
-    assert TTFTScorer(w).estimates(_req(), [fast, slow]) == pytest.approx([t_fast.total_s, t_slow.total_s])

@@ -50,17 +50,15 @@ def test_a_started_head_shortens_the_queue_by_at_most_its_own_work():
 
 def test_the_inlined_estimate_keeps_agreeing_with_the_cost_model():
     rng = random.Random(5)
-    w = W.model_copy(update={"decode_interference_s": 0.002})  # every term present, the slowdown's included
-    scorer = TTFTScorer(w)
+    scorer = TTFTScorer(W)
     for _ in range(300):
         views = [View(Candidate(f"i{k}", prefill_tokens_per_s=rng.choice([None, 5000.0, 20000.0]),
-                                role=rng.choice(["mixed", "prefill"]), cache_tokens=rng.choice([8000, 500_000]),
-                                slowdown=rng.choice([1.0, rng.uniform(0.2, 5.0)])), rng.randint(0, 20),
+                                role=rng.choice(["mixed", "prefill"])), rng.randint(0, 20),
                       Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]), prefill_started_s=rng.uniform(0, 2),
                            prefill_head_tokens=rng.randint(0, 20_000)),
                       confidence=rng.uniform(0.3, 1.0)) for k in range(4)]
         req = RouteRequest("r", tuple(range(20)), rng.randint(1, 30_000), 16, 64)
-        assert scorer.estimates(req, views) == pytest.approx([colocated_ttft(req, v, w).total_s for v in views])
+        assert scorer.estimates(req, views) == pytest.approx([colocated_ttft(req, v, W).total_s for v in views])
 
 
 async def test_the_memory_store_says_how_long_the_queue_head_has_run():

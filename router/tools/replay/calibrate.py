@@ -43,4 +43,4 @@ class ReplayCalibration:
         for i, c in enumerate(self._candidates):
             value = changed.get(self._key[c.id])
             if value is not None:
-                self._candidates[i] = dataclasses.replace(c, prefill_tokens_per_s=self._base[c.id] / value, slowdown=value)
+                self._candidates[i] = dataclasses.replace(c, prefill_tokens_per_s=self._base[c.id] / value)
