@@ -60,6 +60,21 @@ def make_text(tokens: int, rng: random.Random) -> str:
     return " ".join(out)
 
 
+async def populate(store, ids: list[str], prompt_tokens: int, seed: int, rng: random.Random) -> tuple[str, list[int]]:
+    """The request's text and keys, and the store set up around them (the same for every case)."""
+    text = make_text(prompt_tokens, rng)
+    keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
+    # warm residency through real bookings: the request's prefix, to various depths, on a few instances
+    for i, inst in enumerate(rng.sample(ids, min(4, len(ids)))):
+        depth = max(1, len(keys) * (i + 1) // 5)
+        _, booking = await store.decide(keys[:depth], ids, Forced(f"warm{i}", inst, keys[:depth]))
+        await store.release(booking)
+    # every instance busy with a request of its own (kept in flight): no idle shortcut for pruning
+    for i, inst in enumerate(ids):
+        await store.decide([], [inst], Forced(f"busy{i}", inst, [], prefill=rng.randrange(0, 20_000)))
+    return text, keys
+
+
 async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterations: int, pd: bool = False,
                      prune_k: int = 0) -> dict[str, float]:
     rng = random.Random(n_instances * 7 + prompt_tokens)
@@ -70,16 +85,7 @@ async def bench_case(store_factory, n_instances: int, prompt_tokens: int, iterat
     store = await store_factory(ids)
     policy = build_policy(PolicyConfig(seed=1), PDConfig() if pd else None)
     seed = root_seed("m")
-    text = make_text(prompt_tokens, rng)
-    keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
-    # warm residency through real bookings: the request's prefix, to various depths, on a few instances
-    for i, inst in enumerate(rng.sample(ids, min(4, n_instances))):
-        depth = max(1, len(keys) * (i + 1) // 5)
-        _, booking = await store.decide(keys[:depth], ids, Forced(f"warm{i}", inst, keys[:depth]))
-        await store.release(booking)
-    # every instance busy with a request of its own (kept in flight): no idle shortcut for pruning
-    for i, inst in enumerate(ids):
-        await store.decide([], [inst], Forced(f"busy{i}", inst, [], prefill=rng.randrange(0, 20_000)))
+    text, keys = await populate(store, ids, prompt_tokens, seed, rng)
     pruner = Pruner(prune_k, random.Random(1)) if prune_k else None
     hash_s, decide_s = [], []
     trips = 0
@@ -117,14 +123,7 @@ async def phase_case(n_instances: int, prompt_tokens: int, iterations: int, prun
     store = await memory_factory()(ids)
     policy = build_policy(PolicyConfig(seed=1), None)
     seed = root_seed("m")
-    text = make_text(prompt_tokens, rng)
-    keys = text_block_keys(text, HASHING.block_chars, seed, HASHING.max_blocks)
-    for i, inst in enumerate(rng.sample(ids, min(4, n_instances))):
-        depth = max(1, len(keys) * (i + 1) // 5)
-        _, booking = await store.decide(keys[:depth], ids, Forced(f"warm{i}", inst, keys[:depth]))
-        await store.release(booking)
-    for i, inst in enumerate(ids):
-        await store.decide([], [inst], Forced(f"busy{i}", inst, [], prefill=rng.randrange(0, 20_000)))
+    text, keys = await populate(store, ids, prompt_tokens, seed, rng)
     pruner = Pruner(prune_k, random.Random(1))
     phases: dict[str, list[float]] = {p: [] for p in ("hash", "prune", "snapshot", "choose", "book", "release")}
     clock = time.perf_counter
