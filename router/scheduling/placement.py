@@ -38,6 +38,15 @@ from router.scheduling.scorers import TTFTScorer, shared_ttft
 from router.scheduling.store_cost import load_seconds
 
 
+def copy_tokens(duplicated: float, room: tuple[int, float], block: int) -> float:
+    """The tokens a copy of ``duplicated`` tokens costs on an instance with ``room`` (free
+    blocks, re-prefills per evicted token: View.room): those it computes again, plus the
+    future re-prefills of what it evicts beyond the free room."""
+    free, misses = room
+    evicted = duplicated - free * block
+    return duplicated + misses * evicted if evicted > 0.0 else duplicated
+
+
 class CacheRoomFilter:
     name = "cache_room"
 
@@ -58,9 +67,7 @@ class CacheRoomFilter:
         duplicated = held - p.expected_cached_tokens(req)
         if duplicated <= 0.0:
             return 0.0
-        free, misses = p.room
-        evicted = max(0.0, duplicated - free * req.block_tokens)
-        tokens = duplicated + misses * evicted
+        tokens = copy_tokens(duplicated, p.room, req.block_tokens)
         recompute = tokens / (p.candidate.prefill_tokens_per_s or self._default_rate)
         if req.store is not None:  # with a shared store the displaced prefixes come back by a load,
             # on the store as busy as it is now (store_cost.py)
@@ -89,11 +96,7 @@ class CacheRoomFilter:
             if store:
                 cost = self.displacement_s(req, r, held)
             else:  # displacement_s without a store, inlined: c < floor, so held - c > 0
-                duplicated = held - c
-                free, misses = p.room
-                evicted = duplicated - free * block
-                cost = price * ((duplicated + misses * (evicted if evicted > 0.0 else 0.0))
-                                / (p.candidate.prefill_tokens_per_s or rate))
+                cost = price * (copy_tokens(held - c, p.room, block) / (p.candidate.prefill_tokens_per_s or rate))
             if e + cost < home:
                 kept.append(r)
                 copies += 1
