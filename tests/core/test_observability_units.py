@@ -52,6 +52,13 @@ def test_an_engine_that_left_has_no_series_any_more():
     assert r.get_sample_value("pd_router_decisions_total", {"policy": "ttft", "reason": "a"}) == 1
 
 
+def test_every_metric_labelled_by_engine_is_forgotten_with_its_engine():
+    metrics = Metrics()
+    labelled = {id(m) for m in vars(metrics).values()
+                if isinstance(m, MetricWrapperBase) and "engine" in m._labelnames}  # a drift check may look inside
+    assert labelled == {id(m) for m in metrics.per_engine()}
+
+
 def test_a_chosen_multiprocess_dir_is_emptied_of_samples_only(tmp_path):
     (tmp_path / "counter_12.db").write_bytes(b"x")
     (tmp_path / "gauge_livesum_12.db").write_bytes(b"x")

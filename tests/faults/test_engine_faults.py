@@ -69,7 +69,7 @@ def test_an_engine_dropping_every_stream_is_ejected(emulators):
         inst = app.state.pool.get("hole")
         assert inst.outlier.ejected() and inst.healthy  # passive ejection; the active checks still pass
         assert broken <= 3, broken  # ejected after the configured 3 consecutive failures
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 20  # 30 short streams; generous for a loaded 2-core machine
         listed = httpx.get(f"{url}/admin/instances", headers={"authorization": f"Bearer {TOKEN}"}).json()
         assert [i["routable"] for i in listed["instances"] if i["id"] == "hole"] == [False]
 
@@ -117,7 +117,7 @@ def test_a_hung_engine_is_left_after_the_first_byte_timeout(emulators):
             r = httpx.post(f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=10)
             texts, done = sse_texts(r.text)
             assert r.status_code == 200 and done == 1 and texts
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 5  # not request_timeout_s; slack for a loaded machine
 
 
 def test_a_stream_that_goes_idle_is_cut_and_counted():
