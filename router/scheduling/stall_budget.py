@@ -1,0 +1,172 @@
+"""Isolation by a TBT objective: how much of the decode tail prefills on decode instances may spend.
+
+The objective (pd.handoff.tbt_objective) is a quantile q of the time between tokens, a
+target and a window: at most a share 1 - q of the decode steps made in the window may
+last longer than the target. A decode step here is what a TBT histogram counts: one per
+running decode per engine step. A prefill that selective disaggregation sends to a decode
+instance runs its chunks in the steps of the decodes running there; each chunk whose
+compute plus a decode step passes the target is one stalled step for each of them, and so
+is the step its first tokens share with the prefill queued there when they tip it past the
+target (the engine packs queued prefill into its steps). So the router can price a
+candidate's stall (stalled steps x the decodes on the instance when they run) and
+count what it has spent: the stalls it booked in the last window. It can also estimate the
+window's denominator from what it books: the pool makes sum(decodes_d / step_d) decode
+steps a second. A stalling prefill is admitted only while the spent stalls plus its own
+stay within (1 - q) x that rate x window: the router spends the tail it is allowed to buy
+TTFT, and no more.
+
+The ledger is per router process (each replica spends its own share) and bounded
+(``max_entries``, oldest first; entries older than the window are dropped). A request
+decided again (a revised decision) replaces its own entry, so it is never counted twice.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+
+from router.config.handoff import TBTObjective
+from router.config.model import PDConfig, TTFTWeights
+from router.scheduling.cost import prefill_seconds, queued_seconds
+from router.scheduling.framework import RouteRequest, View
+from router.scheduling.pd_cost import decode_step_seconds
+
+
+def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, target_s: float,
+                growth_per_s: float = 0.0) -> float:
+    """Decode steps the prefill of ``req`` on ``d`` would stall, each counted as the decodes
+    running there when it runs: those booked now, plus ``growth_per_s`` (the net rate at
+    which decodes join the instance) times the wait until that step.
+
+    The engine packs waiting prefill first come first served into steps of
+    ``overlap_chunk_tokens`` (its step budget) beside the decodes, so the prompt's tokens
+    first fill the step the prefill queued on ``d`` leaves part-empty: that step stalls
+    because of us when it passes ``target_s`` with our tokens and not without (short
+    prompts stall decodes this way, packed together). Then each chunk of its own stalls
+    when its compute (its attention over the context before it, plus a decode step)
+    passes ``target_s``. 0 on an instance with no decodes."""
+    if d.load.requests <= 0:
+        return 0.0
+    prompt = req.prompt_tokens
+    done = d.cached_tokens(req)
+    if done >= prompt:
+        return 0.0
+    rate = d.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
+    chunk = pd.handoff.overlap_chunk_tokens
+    step = decode_step_seconds(d, pd)
+    overhead = weights.request_overhead_s
+    at = queued_seconds(d, rate)  # our tokens start once the queue ahead has drained
+    stalled = 0.0
+    tail = d.load.prefill_tokens % chunk
+    if tail:  # share the queue's last step
+        size = min(prompt - done, chunk - tail)
+        alone = overhead + tail / rate + step
+        packed = alone + prefill_seconds(size, done + size, rate, weights) - overhead
+        if packed > target_s >= alone:
+            stalled += d.load.requests + growth_per_s * at
+        done += size
+        at += packed - alone
+    # the costliest chunk of our own: a whole one, with the whole prompt before it
+    if done >= prompt or prefill_seconds(min(chunk, prompt - done), prompt, rate, weights) + step <= target_s:
+        return stalled
+    first = True
+    while done < prompt:
+        size = min(chunk, prompt - done)
+        done += size
+        seconds = prefill_seconds(size, done, rate, weights) - (0.0 if first else overhead) + step
+        if seconds > target_s:
+            stalled += d.load.requests + growth_per_s * at
+        at += seconds
+        first = False
+    return stalled
+
+
+def decode_steps_per_s(decodes: Sequence[View], pd: PDConfig) -> float:
+    """Decode steps (one per running decode per engine step) the pool makes per second at its booked load."""
+    return sum(d.load.requests / decode_step_seconds(d, pd) for d in decodes if d.load.requests > 0)
+
+
+class StallLedger:
+    """The stalls booked in the last ``window_s`` (request id -> (when, decode steps)), oldest first."""
+
+    def __init__(self, window_s: float, max_entries: int, clock: Callable[[], float]) -> None:
+        self._window = window_s
+        self._max = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._total = 0.0
+
+    def _expire(self, now: float) -> None:
+        entries = self._entries
+        while entries:
+            rid, (at, steps) = next(iter(entries.items()))
+            if now - at <= self._window and len(entries) <= self._max:
+                break
+            del entries[rid]
+            self._total -= steps
+        if not entries:
+            self._total = 0.0  # no float drift survives an empty window
+
+    def spent(self) -> float:
+        """Decode steps stalled by what was booked within the window."""
+        self._expire(self._clock())
+        return self._total
+
+    def book(self, request_id: str, steps: float) -> None:
+        """Record the stall of ``request_id``'s route (replacing any earlier decision for it)."""
+        self.forget(request_id)
+        if steps <= 0:
+            return
+        self._entries[request_id] = (self._clock(), steps)
+        self._total += steps
+        self._expire(self._clock())
+
+    def forget(self, request_id: str) -> None:
+        old = self._entries.pop(request_id, None)
+        if old is not None:
+            self._total -= old[1]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class StallBudget:
+    """The objective applied to one decision: which decode-alone routes it may take, and
+    what the chosen one spends (``routes`` prices, ``settle`` books). It also keeps the
+    pool's booked decodes over the window (bounded samples), whose net growth says how
+    many more decodes a stall will hold by the time its chunks run."""
+
+    def __init__(self, objective: TBTObjective, weights: TTFTWeights, pd: PDConfig, clock: Callable[[], float]) -> None:
+        self._share = 1.0 - objective.quantile
+        self._target = objective.target_s if objective.target_s is not None else pd.tbt_target_s
+        self._window = objective.window_s
+        self._w = weights
+        self._pd = pd
+        self._clock = clock
+        self.ledger = StallLedger(objective.window_s, objective.max_entries, clock)
+        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
+        self._growth = 0.0  # per decode instance, decodes per second (>= 0), as of the last observe
+
+    def observe(self, decodes: Sequence[View]) -> None:
+        """Sample the pool's booked decodes (every decision; kept at most every window/128 s,
+        so the samples span the window in bounded memory) and update the growth per instance."""
+        if not decodes:
+            return
+        now = self._clock()
+        running = sum(d.load.requests for d in decodes)
+        samples = self._samples
+        while samples and now - samples[0][0] > self._window:
+            samples.popleft()
+        if not samples or now - samples[-1][0] >= self._window / 128:
+            samples.append((now, running))
+        then, before = samples[0]
+        self._growth = max(0.0, (running - before) / (now - then)) / len(decodes) if now > then else 0.0
+
+    def allowance(self, decodes: Sequence[View]) -> float:
+        """Decode steps still free to stall in the window: (1 - q) x the pool's decode steps
+        in a window at its current rate, less what the window has spent."""
+        return self._share * decode_steps_per_s(decodes, self._pd) * self._window - self.ledger.spent()
+
+    def price(self, req: RouteRequest, d: View) -> float:
+        """Decode steps the prefill of ``req`` on ``d`` would stall (growth as of the last ``observe``)."""
+        return stall_steps(req, d, self._w, self._pd, self._target, self._growth)
