@@ -52,8 +52,9 @@ class HandoffConfig(BaseModel):
         "selective disaggregation sends them there: off = any; strict = none whose chunk plus a decode step would "
         "pass pd.tbt_target_s; budget = such a prefill only while none is queued there already, so its decodes "
         "see one stalled run at a time; objective = such a prefill only while the decode steps it stalls, with "
-        "those stalled in the window already, stay within the share tbt_objective allows; auto = budget with "
-        "link_aware, off without")
+        "those stalled in the window already, stay within the share tbt_objective allows and the TTFT it saves "
+        "pays for them (a price per stalled step rising with the share in use); auto = budget with link_aware, "
+        "off without")
     tbt_objective: TBTObjective = Field(default_factory=TBTObjective, description="the decode TBT quantile, "
                                         "target and window that isolation objective spends")
     nic_gbps: float | None = Field(default=None, gt=0, description="each instance's NIC, Gbit/s; None = the topology link")

@@ -84,8 +84,8 @@ class PairRoutes:
         would stall the decodes running on D past the TBT target (``_stalls_decodes``) is
         offered there per ``pd.handoff.isolation``: never (strict), only while D has no such
         prefill queued already (budget, ``_stalling_queue``), only while the decode steps it
-        would stall fit the window's allowance of the TBT objective (objective,
-        stall_budget.py), or as above (off)."""
+        would stall fit the window's allowance of the TBT objective and the TTFT it saves
+        pays for them (objective, stall_budget.py), or as above (off)."""
         prefills, decodes = split_pools(views)
         if not decodes:
             raise NoRoute("no decode or mixed instance is available")
@@ -122,18 +122,21 @@ class PairRoutes:
             always = d.candidate.role == "mixed" or best is None or lacks < threshold
             if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
                 continue
+            local = None
             if not always and self.stalls is not None:
                 stall = self.stalls.price(req, d)
                 if stall > 0:
                     if allowance is None:
                         allowance = self.stalls.allowance(pool)
-                    if stall > allowance:
+                    local = route_cost(req, d, None, w, pd)
+                    saved = best.cost.total_s - local.total_s  # type: ignore[union-attr]
+                    if not self.stalls.worth(stall, allowance, saved):
                         continue
                     priced[d.candidate.id] = stall
             elif not always and self._isolation != "off" and self._stalls_decodes(req, d) and (
                     self._isolation == "strict" or self._stalling_queue(d)):
                 continue
-            local = route_cost(req, d, None, w, pd)
+            local = local or route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
                 out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence, d.room)))
         if not out:

@@ -12,8 +12,9 @@ candidate's stall (stalled steps x the decodes on the instance when they run) an
 count what it has spent: the stalls it booked in the last window. It can also estimate the
 window's denominator from what it books: the pool makes sum(decodes_d / step_d) decode
 steps a second. A stalling prefill is admitted only while the spent stalls plus its own
-stay within (1 - q) x that rate x window: the router spends the tail it is allowed to buy
-TTFT, and no more.
+stay within (1 - q) x that rate x window, and only when the TTFT it saves against the best
+pair pays for its stalled steps at a price that rises with the share in use (``worth``): the
+router spends the tail it is allowed where it buys the most TTFT, and no more.
 
 The ledger is per router process (each replica spends its own share) and bounded
 (``max_entries``, oldest first; entries older than the window are dropped). A request
@@ -166,6 +167,22 @@ class StallBudget:
         """Decode steps still free to stall in the window: (1 - q) x the pool's decode steps
         in a window at its current rate, less what the window has spent."""
         return self._share * decode_steps_per_s(decodes, self._pd) * self._window - self.ledger.spent()
+
+    def worth(self, stall: float, allowance: float, saved_s: float) -> bool:
+        """Whether a route stalling ``stall`` decode steps is worth the TTFT it saves
+        (``saved_s``, against the best pair), with ``allowance`` steps left in the window.
+        The share is scarce: spent first come first served, long prompts early in a burst
+        would use it up and leave the prompts that save most per stalled step (short ones,
+        queued behind the burst on the prefill pool) to pay seconds of TTFT. So a stalled
+        step has a price that rises with the share in use once this one is booked, z: free
+        while the window is empty, ``target_s`` of TTFT per stalled step at half, unbounded at
+        the whole (the hard cap). The unit is the objective's own: a stalled step delays a
+        token by at least the target."""
+        cap = allowance + self.ledger.spent()
+        if stall > allowance or cap <= 0:
+            return False
+        z = 1.0 - (allowance - stall) / cap
+        return z < 1.0 and saved_s >= self._target * z / (1.0 - z) * stall
 
     def price(self, req: RouteRequest, d: View) -> float:
         """Decode steps the prefill of ``req`` on ``d`` would stall (growth as of the last ``observe``)."""

@@ -130,3 +130,18 @@ def test_the_objective_is_validated():
         TBTObjective(quantile=1.0)
     with pytest.raises(ValueError):
         TBTObjective(window_s=0)
+
+
+def test_a_stalled_step_costs_more_ttft_the_more_of_the_share_is_in_use():
+    from router.scheduling.stall_budget import StallBudget
+
+    clock = Clock()
+    budget = StallBudget(TBTObjective(), W, PD, clock)  # target 0.1 s per stalled step at half the share
+    # 100 steps free, none spent: a 10-step stall uses a tenth, priced 0.1 x 0.1/0.9 s per step
+    assert budget.worth(10, 100, 0.12) and not budget.worth(10, 100, 0.10)
+    # half the share for one route: 0.1 s per step, 5 s of TTFT for 50 steps
+    assert budget.worth(50, 100, 5.01) and not budget.worth(50, 100, 4.99)
+    # past the allowance: no TTFT buys it
+    assert not budget.worth(101, 100, 1e9)
+    budget.ledger.book("a", 80)  # 80 spent, 20 left: the same 10 steps are now at z = 0.9, 0.9 s per step
+    assert budget.worth(10, 20, 9.01) and not budget.worth(10, 20, 8.99)
