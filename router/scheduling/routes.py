@@ -136,7 +136,8 @@ class PairRoutes:
             elif not always and self._isolation != "off" and self._stalls_decodes(req, d) and (
                     self._isolation == "strict" or self._stalling_queue(d)):
                 continue
-            local = local or route_cost(req, d, None, w, pd)
+            if local is None:
+                local = route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
                 out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence, d.room)))
         if not out:

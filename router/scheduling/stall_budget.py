@@ -14,7 +14,8 @@ window's denominator from what it books: the pool makes sum(decodes_d / step_d) 
 steps a second. A stalling prefill is admitted only while the spent stalls plus its own
 stay within (1 - q) x that rate x window, and only when the TTFT it saves against the best
 pair pays for its stalled steps at a price that rises with the share in use (``worth``): the
-router spends the tail it is allowed where it buys the most TTFT, and no more.
+router spends the tail it is allowed, on the routes that buy more TTFT per stalled step as
+the share runs out, and no more.
 
 The ledger is per router process (each replica spends its own share) and bounded
 (``max_entries``, oldest first; entries older than the window are dropped). A request
@@ -83,8 +84,10 @@ def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, 
 
 
 def decode_steps_per_s(decodes: Sequence[View], pd: PDConfig) -> float:
-    """Decode steps (one per running decode per engine step) the pool makes per second at its booked load."""
-    return sum(d.load.requests / decode_step_seconds(d, pd) for d in decodes if d.load.requests > 0)
+    """Decode steps (one per running decode per engine step) the pool makes per second at its
+    booked load (a decode step priced at 0 s counts as 1 us: a pool that steps for free has
+    an unbounded share to spend)."""
+    return sum(d.load.requests / max(decode_step_seconds(d, pd), 1e-6) for d in decodes if d.load.requests > 0)
 
 
 class StallLedger:

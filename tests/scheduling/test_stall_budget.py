@@ -145,3 +145,9 @@ def test_a_stalled_step_costs_more_ttft_the_more_of_the_share_is_in_use():
     assert not budget.worth(101, 100, 1e9)
     budget.ledger.book("a", 80)  # 80 spent, 20 left: the same 10 steps are now at z = 0.9, 0.9 s per step
     assert budget.worth(10, 20, 9.01) and not budget.worth(10, 20, 8.99)
+
+
+def test_a_pool_whose_decode_steps_are_priced_free_has_a_finite_rate():
+    free = PDConfig(decode_step_base_s=0, decode_step_per_request_s=0, decode_step_per_kv_token_s=0)
+    assert decode_steps_per_s([view(Load(10, 0, 0, 0))], free) == pytest.approx(10e6)
+    assert decode_steps_per_s([view(Load())], free) == 0
