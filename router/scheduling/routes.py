@@ -93,8 +93,6 @@ class PairRoutes:
         priced: dict[str, float] = {}
         self._priced = (req.id, priced)
         allowance: float | None = None
-        if self.stalls is not None:
-            self.stalls.observe(pool)
         for flt in self._decode_filters:
             decodes = flt.keep(req, decodes)[0] or decodes
         w, pd = self._w, self._pd

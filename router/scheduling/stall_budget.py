@@ -8,7 +8,7 @@ instance runs its chunks in the steps of the decodes running there; each chunk w
 compute plus a decode step passes the target is one stalled step for each of them, and so
 is the step its first tokens share with the prefill queued there when they tip it past the
 target (the engine packs queued prefill into its steps). So the router can price a
-candidate's stall (stalled steps x the decodes on the instance when they run) and
+candidate's stall (stalled steps x the decodes booked on the instance) and
 count what it has spent: the stalls it booked in the last window. It can also estimate the
 window's denominator from what it books: the pool makes sum(decodes_d / step_d) decode
 steps a second. A stalling prefill is admitted only while the spent stalls plus its own
@@ -24,30 +24,34 @@ decided again (a revised decision) replaces its own entry, so it is never counte
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from router.config.handoff import TBTObjective
 from router.config.model import PDConfig, TTFTWeights
-from router.scheduling.cost import prefill_seconds, queued_seconds
+from router.scheduling.cost import prefill_seconds
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.pd_cost import decode_step_seconds
 
 
-def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, target_s: float,
-                growth_per_s: float = 0.0) -> float:
+def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, target_s: float) -> float:
     """Decode steps the prefill of ``req`` on ``d`` would stall, each counted as the decodes
-    running there when it runs: those booked now, plus ``growth_per_s`` (the net rate at
-    which decodes join the instance) times the wait until that step.
+    booked there now (those whose KV is still on its way included: they decode by the time
+    the queue ahead drains).
 
     The engine packs waiting prefill first come first served into steps of
     ``overlap_chunk_tokens`` (its step budget) beside the decodes, so the prompt's tokens
     first fill the step the prefill queued on ``d`` leaves part-empty: that step stalls
     because of us when it passes ``target_s`` with our tokens and not without (short
     prompts stall decodes this way, packed together). Then each chunk of its own stalls
-    when its compute (its attention over the context before it, plus a decode step)
-    passes ``target_s``. 0 on an instance with no decodes."""
-    if d.load.requests <= 0:
+    when its compute (its attention over the context before it, the request overhead once,
+    plus a decode step) passes ``target_s``. 0 on an instance with no decodes.
+
+    Not counted: decodes that will join meanwhile. Extrapolating the pool's net growth
+    (tried) priced the ramp before a burst into an instance the router then stops feeding
+    (24x48K 2P+4D: 4-5 decodes held per stalled step, priced 11), and under-spent the share."""
+    decodes = d.load.requests
+    if decodes <= 0:
         return 0.0
     prompt = req.prompt_tokens
     done = d.cached_tokens(req)
@@ -57,30 +61,24 @@ def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, 
     chunk = pd.handoff.overlap_chunk_tokens
     step = decode_step_seconds(d, pd)
     overhead = weights.request_overhead_s
-    at = queued_seconds(d, rate)  # our tokens start once the queue ahead has drained
-    stalled = 0.0
+    stalled = 0
     tail = d.load.prefill_tokens % chunk
     if tail:  # share the queue's last step
         size = min(prompt - done, chunk - tail)
         alone = overhead + tail / rate + step
         packed = alone + prefill_seconds(size, done + size, rate, weights) - overhead
-        if packed > target_s >= alone:
-            stalled += d.load.requests + growth_per_s * at
+        stalled += packed > target_s >= alone
         done += size
-        at += packed - alone
     # the costliest chunk of our own: a whole one, with the whole prompt before it
     if done >= prompt or prefill_seconds(min(chunk, prompt - done), prompt, rate, weights) + step <= target_s:
-        return stalled
+        return float(stalled * decodes)
     first = True
     while done < prompt:
         size = min(chunk, prompt - done)
         done += size
-        seconds = prefill_seconds(size, done, rate, weights) - (0.0 if first else overhead) + step
-        if seconds > target_s:
-            stalled += d.load.requests + growth_per_s * at
-        at += seconds
+        stalled += prefill_seconds(size, done, rate, weights) - (0.0 if first else overhead) + step > target_s
         first = False
-    return stalled
+    return float(stalled * decodes)
 
 
 def decode_steps_per_s(decodes: Sequence[View], pd: PDConfig) -> float:
@@ -136,9 +134,7 @@ class StallLedger:
 
 class StallBudget:
     """The objective applied to one decision: which decode-alone routes it may take, and
-    what the chosen one spends (``routes`` prices, ``settle`` books). It also keeps the
-    pool's booked decodes over the window (bounded samples), whose net growth says how
-    many more decodes a stall will hold by the time its chunks run."""
+    what the chosen one spends (``routes`` prices, ``settle`` books)."""
 
     def __init__(self, objective: TBTObjective, weights: TTFTWeights, pd: PDConfig, clock: Callable[[], float]) -> None:
         self._share = 1.0 - objective.quantile
@@ -146,25 +142,7 @@ class StallBudget:
         self._window = objective.window_s
         self._w = weights
         self._pd = pd
-        self._clock = clock
         self.ledger = StallLedger(objective.window_s, objective.max_entries, clock)
-        self._samples: deque[tuple[float, int]] = deque(maxlen=256)
-        self._growth = 0.0  # per decode instance, decodes per second (>= 0), as of the last observe
-
-    def observe(self, decodes: Sequence[View]) -> None:
-        """Sample the pool's booked decodes (every decision; kept at most every window/128 s,
-        so the samples span the window in bounded memory) and update the growth per instance."""
-        if not decodes:
-            return
-        now = self._clock()
-        running = sum(d.load.requests for d in decodes)
-        samples = self._samples
-        while samples and now - samples[0][0] > self._window:
-            samples.popleft()
-        if not samples or now - samples[-1][0] >= self._window / 128:
-            samples.append((now, running))
-        then, before = samples[0]
-        self._growth = max(0.0, (running - before) / (now - then)) / len(decodes) if now > then else 0.0
 
     def allowance(self, decodes: Sequence[View]) -> float:
         """Decode steps still free to stall in the window: (1 - q) x the pool's decode steps
@@ -188,5 +166,5 @@ class StallBudget:
         return z < 1.0 and saved_s >= self._target * z / (1.0 - z) * stall
 
     def price(self, req: RouteRequest, d: View) -> float:
-        """Decode steps the prefill of ``req`` on ``d`` would stall (growth as of the last ``observe``)."""
-        return stall_steps(req, d, self._w, self._pd, self._target, self._growth)
+        """Decode steps the prefill of ``req`` on ``d`` would stall."""
+        return stall_steps(req, d, self._w, self._pd, self._target)
