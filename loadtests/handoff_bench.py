@@ -175,14 +175,14 @@ def estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def burst_trace(long_prompts: int, long_tokens: int, background: int, seed: int) -> Trace:
+def burst_trace(long_prompts: int, long_tokens: int, background: int, seed: int, spread_s: float = 0.5) -> Trace:
     """Chat traffic decoding throughout (short prompts, long answers) and, one second in,
-    a burst of long unique prompts whose KV saturates the NICs."""
+    a burst of long unique prompts (arriving within ``spread_s``) whose KV saturates the NICs."""
     rng = random.Random(seed)
     reqs = [TraceRequest(rng.uniform(0.0, 4.0), 800, 400, tuple(range(10_000 + 2 * i, 10_002 + 2 * i)))
             for i in range(background)]
     blocks = -(-long_tokens // 512)
-    reqs += [TraceRequest(1.0 + rng.uniform(0.0, 0.5), long_tokens, 64,
+    reqs += [TraceRequest(1.0 + rng.uniform(0.0, spread_s), long_tokens, 64,
                           tuple(range(1_000_000 + i * blocks, 1_000_000 + (i + 1) * blocks)))
              for i in range(long_prompts)]
     reqs.sort(key=lambda r: r.arrival_s)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import random
+import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -99,11 +101,12 @@ def policy_spec(config: PolicyConfig, ctx: BuildContext, registry: Registry) -> 
 
 
 def build_policy(config: PolicyConfig, pd: PDConfig | None = None, rng: random.Random | None = None,
-                 *, registry: Registry | None = None) -> Policy:
+                 *, registry: Registry | None = None, clock: Callable[[], float] = time.monotonic) -> Policy:
     """The policy ``config`` names or declares; with ``pd`` (the cluster has a prefill
-    pool) its disaggregated form. All its plugins share one RNG (seeded by policy.seed)."""
+    pool) its disaggregated form. All its plugins share one RNG (seeded by policy.seed)
+    and one ``clock`` (a replay passes its virtual one)."""
     registry = registry or default_registry()
-    ctx = BuildContext(config, pd, rng or random.Random(config.seed))
+    ctx = BuildContext(config, pd, rng or random.Random(config.seed), clock=clock)
     spec, where = policy_spec(config, ctx, registry)
     if isinstance(spec, PipelineConfig):
         return build_pipeline(config.name, spec, ctx, registry, where)

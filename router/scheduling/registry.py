@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import random
+import time
 import types
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,12 +61,14 @@ class BuildContext:
     ``ttft`` and ``cache_aware`` sections), the PD config (None when the cluster has no
     prefill pool) and the policy's seeded RNG, shared by all its plugins; ``shared``: objects
     its plugins share by name (one TTFT estimator for the cache-room filter and the ttft
-    scorer, so a decision prices each candidate once)."""
+    scorer, so a decision prices each candidate once); ``clock``: the time plugins that keep
+    a window of their own decisions read (monotonic live, the virtual clock in a replay)."""
 
     policy: PolicyConfig
     pd: PDConfig | None
     rng: random.Random
     shared: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False, hash=False)
 
     def require_pd(self, what: str) -> PDConfig:
         if self.pd is None:

@@ -13,7 +13,8 @@ eligibility depends on their price; pd_ttft reuses the price.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from router.config.model import PDConfig, TTFTWeights
 from router.scheduling.filters import BoundedLoadFilter, KVRoomFilter, TBTFilter
@@ -23,6 +24,7 @@ from router.scheduling.cost import prefill_seconds
 from router.scheduling.pd_cost import admission_seconds, decode_step_seconds, route_cost, transfer_tokens
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.scheduling.scorers import TTFTScorer
+from router.scheduling.stall_budget import StallBudget
 from router.scheduling.store_cost import computed_tokens
 
 _new_view = tuple.__new__
@@ -56,7 +58,7 @@ class PairRoutes:
     name = "pd_pairs"
     disaggregates = True
 
-    def __init__(self, weights: TTFTWeights, pd: PDConfig) -> None:
+    def __init__(self, weights: TTFTWeights, pd: PDConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._w = weights
         self._pd = pd
         self._bounded = BoundedLoadFilter(weights.bounded_load_factor, weights.bounded_load_slack)
@@ -64,6 +66,9 @@ class PairRoutes:
         iso = pd.handoff.isolation
         self._isolation = ("budget" if pd.handoff.link_aware else "off") if iso == "auto" else iso
         self._ttft = TTFTScorer(weights)  # ranks prefill instances by their colocated estimate
+        # isolation objective: the stall budget, and the stalls this decision priced (request id, D -> steps)
+        self.stalls = StallBudget(pd.handoff.tbt_objective, weights, pd, clock) if self._isolation == "objective" else None
+        self._priced: tuple[str, dict[str, float]] = ("", {})
 
     def routes(self, req: RouteRequest, views: list[View]) -> list[View]:
         """Every eligible route, pairs first. A mixed instance may always serve alone
@@ -78,10 +83,16 @@ class PairRoutes:
         filters, prefill instances the bounded-load one (each fail-open). A prompt whose chunk
         would stall the decodes running on D past the TBT target (``_stalls_decodes``) is
         offered there per ``pd.handoff.isolation``: never (strict), only while D has no such
-        prefill queued already (budget, ``_stalling_queue``), or as above (off)."""
+        prefill queued already (budget, ``_stalling_queue``), only while the decode steps it
+        would stall fit the window's allowance of the TBT objective and the TTFT it saves
+        pays for them (objective, stall_budget.py), or as above (off)."""
         prefills, decodes = split_pools(views)
         if not decodes:
             raise NoRoute("no decode or mixed instance is available")
+        pool = decodes  # every decode instance: the objective's denominator is the whole pool's steps
+        priced: dict[str, float] = {}
+        self._priced = (req.id, priced)
+        allowance: float | None = None
         for flt in self._decode_filters:
             decodes = flt.keep(req, decodes)[0] or decodes
         w, pd = self._w, self._pd
@@ -109,10 +120,22 @@ class PairRoutes:
             always = d.candidate.role == "mixed" or best is None or lacks < threshold
             if not always and best_queue < floors[i] - 1e-9:  # type: ignore[index]
                 continue
-            if not always and self._isolation != "off" and self._stalls_decodes(req, d) and (
+            local = None
+            if not always and self.stalls is not None:
+                stall = self.stalls.price(req, d)
+                if stall > 0:
+                    if allowance is None:
+                        allowance = self.stalls.allowance(pool)
+                    local = route_cost(req, d, None, w, pd)
+                    saved = best.cost.total_s - local.total_s  # type: ignore[union-attr]
+                    if not self.stalls.worth(stall, allowance, saved):
+                        continue
+                    priced[d.candidate.id] = stall
+            elif not always and self._isolation != "off" and self._stalls_decodes(req, d) and (
                     self._isolation == "strict" or self._stalling_queue(d)):
                 continue
-            local = route_cost(req, d, None, w, pd)
+            if local is None:
+                local = route_cost(req, d, None, w, pd)
             if always or best_queue > local.total_s:
                 out.append(_new_view(View, (d.candidate, d.matched_blocks, d.load, None, local, d.confidence, d.room)))
         if not out:
@@ -146,8 +169,14 @@ class PairRoutes:
     def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
                ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:
         """Selective disaggregation after the pick: a pair whose decode instance lacks
-        fewer than the threshold runs there alone (moving KV is not worth a hop)."""
+        fewer than the threshold runs there alone (moving KV is not worth a hop). With the
+        TBT objective, the chosen route's priced stall is booked in its window (a decision
+        for the same request again replaces it)."""
         route = routes[index]
+        if self.stalls is not None:
+            rid, priced = self._priced
+            stall = priced.get(route.candidate.id, 0.0) if route.prefill is None and rid == req.id else 0.0
+            self.stalls.ledger.book(req.id, stall)
         if route.prefill is None:
             return index, ties, "colocated" if route.candidate.role == "mixed" else "decode_only_faster", _mode(route)
         if transfer_tokens(req, route) < self._pd.selective_threshold_tokens:
@@ -167,4 +196,4 @@ def instances(params: NoParams, ctx: BuildContext) -> InstanceRoutes:
 @plugin("routes", "pd_pairs")
 def pd_pairs(params: NoParams, ctx: BuildContext) -> PairRoutes:
     """Compatible (P, D) pairs of the top pd.max_pair_candidates, plus decode-alone routes (pd.*)."""
-    return PairRoutes(ctx.policy.ttft, ctx.require_pd("pd_pairs"))
+    return PairRoutes(ctx.policy.ttft, ctx.require_pd("pd_pairs"), ctx.clock)

@@ -10,7 +10,7 @@ from router.config.model import PolicyConfig
 from router.scheduling import Policy, build_policy
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.precise import Residency
-from router.tools.replay.sim import Simulation
+from router.tools.replay.sim import Simulation, VirtualClock
 from router.tools.replay.summary import Curves, curves, summarize
 from router.tools.replay.trace import Trace
 
@@ -19,11 +19,16 @@ DEFAULT_POLICIES: tuple[str, ...] = (
 )
 
 
-def policy_for(name: str, spec: ClusterSpec, seed: int) -> Policy:
+def policy_for(name: str, spec: ClusterSpec, seed: int, clock: VirtualClock | None = None) -> Policy:
     """The live router's policy object: ``build_policy`` with the PD config when the
-    cluster has a prefill pool (as ``InstancePool.disaggregated`` decides live)."""
+    cluster has a prefill pool (as ``InstancePool.disaggregated`` decides live). ``clock``:
+    the replay's virtual time (give the Simulation the same one), which isolation
+    ``objective`` needs for its window."""
     config = PolicyConfig.model_validate({"name": name, "seed": seed, "ttft": spec.ttft_weights()})
-    return build_policy(config, pd=spec.pd_config() if spec.disaggregated else None)
+    if clock is None and spec.disaggregated and spec.isolation == "objective":
+        raise ValueError("isolation objective counts stalls over a window of the replay's time: pass its VirtualClock")
+    pd = spec.pd_config() if spec.disaggregated else None
+    return build_policy(config, pd=pd) if clock is None else build_policy(config, pd=pd, clock=clock)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class Outcome:
 def replay(trace: Trace, spec: ClusterSpec, name: str, *, seed: int = 0, ttft_slo_s: float = 30.0,
            on_progress: Callable[[int, int], None] | None = None, residency: Residency = "approximate") -> Outcome:
     started = time.perf_counter()
-    sim = Simulation(trace, spec, policy_for(name, spec, seed), on_progress=on_progress, residency=residency)
+    clock = VirtualClock()
+    sim = Simulation(trace, spec, policy_for(name, spec, seed, clock), on_progress=on_progress, residency=residency,
+                     clock=clock)
     sim.run()
     return Outcome(summarize(sim, ttft_slo_s), curves(sim), time.perf_counter() - started)

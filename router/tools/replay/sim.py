@@ -72,6 +72,18 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("the state store suspended; the replay needs one that never awaits (MemoryStore)")
 
 
+class VirtualClock:
+    """The replay's time, readable by a policy built before its Simulation (policy_for)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @dataclass(slots=True, eq=False)
 class Flight:
     """A request between its arrival and its last token."""
@@ -90,8 +102,10 @@ class Flight:
 class Simulation:
     def __init__(self, trace: Trace, spec: ClusterSpec, policy: Policy, *, hashing: HashingConfig | None = None,
                  residency_ttl_s: float | None = None, bucket_s: float | None = None,
-                 on_progress: Callable[[int, int], None] | None = None, residency: Residency = "approximate") -> None:
+                 on_progress: Callable[[int, int], None] | None = None, residency: Residency = "approximate",
+                 clock: VirtualClock | None = None) -> None:
         self.trace = trace
+        self.clock = clock if clock is not None else VirtualClock()  # advanced with self.now
         self.spec = spec
         self.policy = policy
         self.now = 0.0
@@ -177,6 +191,7 @@ class Simulation:
         if t < self.now:
             raise AssertionError(f"virtual time went backwards: {t} after {self.now}")
         self.now = t
+        self.clock.now = t
         self.fabric.advance(t)
 
     def _push(self, t: float, kind: int, payload: Any) -> None:
