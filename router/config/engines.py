@@ -19,6 +19,11 @@ class EngineCalibrationConfig(BaseModel):
                           "are not counted again: they were measured at the first byte already)")
     min_requests: int = Field(default=2, ge=1, description="prefills an engine window must hold before it is measured")
     min_prefill_s: float = Field(default=0.01, gt=0, description="engine prefill seconds a window must hold before it is measured")
+    min_window_s: float = Field(default=2.0, gt=0, description="a window spans at least this many seconds, so the requests "
+                                "finishing in it (whose prefills began earlier) are a fair sample of its prefill time")
+    max_overlap: float = Field(default=2.0, ge=1, description="a window whose prefills overlapped more than this on average "
+                               "(summed prefill seconds / wall seconds) is dropped: a busy engine's histograms measure its "
+                               "queue more than its rate")
     max_window_s: float = Field(default=60.0, gt=0, description="a window that has not filled for this long is dropped, "
                                 "so a measurement never mixes old and new hardware behaviour")
     min_tokens_per_s: float = Field(default=10.0, gt=0, description="measured rates below this are refused as implausible")
@@ -28,6 +33,8 @@ class EngineCalibrationConfig(BaseModel):
     def _bounds(self) -> "EngineCalibrationConfig":
         if self.min_tokens_per_s >= self.max_tokens_per_s:
             raise ValueError("min_tokens_per_s must be below max_tokens_per_s")
+        if self.min_window_s >= self.max_window_s:
+            raise ValueError("min_window_s must be below max_window_s")
         return self
 
 

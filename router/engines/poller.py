@@ -117,11 +117,12 @@ class EnginePoller:
                           max(a.kv_tokens, b.kv_tokens), max(a.transfers, b.transfers))
             external = external_load(reading, booked, inst.config.cache_tokens)
         self.book.record_reading(inst.id, reading, external)
-        if self._engines.calibration.enabled:
+        calibration = self._engines.calibration
+        if calibration.enabled:
             sample = self.meter.update(inst.id, reading)
             if sample is not None:
                 self.book.record_prefill(inst.id, sample)
-                if self.on_prefill is not None:
+                if self.on_prefill is not None and sample.usable(calibration):
                     self.on_prefill(inst.id, sample)
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)

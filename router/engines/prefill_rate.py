@@ -16,12 +16,20 @@ What is measured, per instance, over a *window* of scrapes (counter deltas):
 * SGLang (and any engine with only a TTFT histogram): ``time_to_first_token_seconds`` minus
   ``queue_time_seconds`` against prompt minus cached tokens.
 
-Biases, all toward a *lower* rate than the engine's throughput: prefills batched together
-each count the shared step (k concurrent prefills read about 1/k of the rate, which is
-close to what each of them experiences); chunked prefill interleaves decode steps into a
-request's prefill time; the TTFT form includes detokenisation and any queue the engine does
-not report. The rate is therefore a belief about what one request sees, and goes into the
-calibration with a weight (config ``engines.calibration``), not as a fact.
+Biases, all toward a *lower* rate than the engine's pure prefill rate (the one the router's
+cost model wants: it prices queues and decode interference separately): prefills batched
+together each count the shared steps (k overlapping prefills read about 1/k of the rate);
+chunked prefill interleaves decode steps into a request's prefill time; the TTFT form
+includes detokenisation and any queue the engine does not report. Overlap is bounded with
+Little's law: summed prefill seconds over the window's wall time is the mean number of
+prefills in flight. Above one, the engine was prefilling at most the whole window, so the
+window's wall time replaces the sum; above ``max_overlap`` the window is only reported, not
+calibrated from (``usable``): a busy engine's histograms say more about its queue than its
+rate, and the router's own first-byte measurements, which price that queue, are the better
+source there. Windows
+last at least ``min_window_s`` so that the requests finishing in one (whose prefill began
+earlier) are a fair sample. What is left is a belief about what one request sees, and goes
+into the calibration with a weight (config ``engines.calibration``), not as a fact.
 
 Bounded: one window and one set of totals per instance (``retain`` drops instances that
 left); a counter that went backwards (an engine restart) starts a new baseline and drops the
@@ -41,16 +49,22 @@ from router.engines.readings import EngineReading
 
 @dataclass(frozen=True)
 class PrefillSample:
-    """One measured window: ``computed_tokens`` prefilled in ``prefill_s`` over ``requests`` prefills."""
+    """One measured window: ``computed_tokens`` prefilled in ``prefill_s`` over ``requests`` prefills
+    (``prefill_s`` at most the window's wall time: overlapping prefills are not counted twice)."""
 
     requests: float
     computed_tokens: float
     prefill_s: float
     source: str  # "prefill_time" (vLLM's prefill phase) or "ttft" (time to first token minus queue)
+    overlap: float = 0.0  # mean prefills in flight over the window (summed prefill seconds / wall seconds)
 
     @property
     def tokens_per_s(self) -> float:
         return self.computed_tokens / self.prefill_s
+
+    def usable(self, config: EngineCalibrationConfig) -> bool:
+        """Whether the calibration may learn from it (its prefills did not overlap too much)."""
+        return self.overlap <= config.max_overlap
 
 
 @dataclass(frozen=True)
@@ -111,14 +125,16 @@ class PrefillMeter:
         requests = totals.requests - window.base.requests
         tokens = totals.tokens - window.base.tokens
         seconds = totals.seconds - window.base.seconds
-        if requests < c.min_requests or seconds < c.min_prefill_s:
-            if now - window.started > c.max_window_s:  # too slow to fill: start over rather than mix eras
+        elapsed = now - window.started
+        if requests < c.min_requests or seconds < c.min_prefill_s or elapsed < c.min_window_s:
+            if elapsed > c.max_window_s:  # too slow to fill: start over rather than mix eras
                 self._windows[instance] = _Window(totals, totals, now)
             return None
         self._windows[instance] = _Window(totals, totals, now)
         if tokens <= 0:
             return None
-        sample = PrefillSample(requests, tokens, seconds, totals.source)
+        overlap = seconds / elapsed  # mean prefills in flight (Little's law)
+        sample = PrefillSample(requests, tokens, min(seconds, elapsed), totals.source, overlap)
         if not c.min_tokens_per_s <= sample.tokens_per_s <= c.max_tokens_per_s:
             return None
         return sample

@@ -15,10 +15,14 @@ from router.tools.emulator.perf import get_profile, prefill_time
 
 
 class Clock:
-    def __init__(self) -> None:
+    """Fixed unless moved, or (``tick``) one second later at every read: one scrape a second."""
+
+    def __init__(self, tick: float = 0.0) -> None:
         self.t = 0.0
+        self.tick = tick
 
     def __call__(self) -> float:
+        self.t += self.tick
         return self.t
 
 
@@ -28,7 +32,8 @@ def vllm(requests: float, tokens: float, seconds: float) -> EngineReading:
 
 
 def meter(clock: Clock | None = None, **config: object) -> PrefillMeter:
-    return PrefillMeter(EngineCalibrationConfig(**config), clock or Clock())  # type: ignore[arg-type]
+    config.setdefault("min_window_s", 1.0)
+    return PrefillMeter(EngineCalibrationConfig(**config), clock or Clock(tick=1.0))  # type: ignore[arg-type]
 
 
 def test_the_first_reading_is_a_baseline_and_a_filled_window_is_a_sample() -> None:
@@ -67,10 +72,13 @@ def test_a_window_that_does_not_fill_is_dropped_rather_than_mixing_eras() -> Non
     clock = Clock()
     m = meter(clock, min_requests=2, max_window_s=10)
     m.update("e", vllm(0, 0, 0))
+    clock.t = 1
     m.update("e", vllm(1, 1000, 1.0))  # one slow prefill ...
     clock.t = 11
     assert m.update("e", vllm(1, 1000, 1.0)) is None  # ... and nothing for longer than the window: start over
+    clock.t = 12
     m.update("e", vllm(2, 11000, 1.1))
+    clock.t = 13
     sample = m.update("e", vllm(3, 21000, 1.2))
     assert sample is not None and sample.requests == 2 and math.isclose(sample.tokens_per_s, 20000 / 0.2)
 
@@ -86,6 +94,24 @@ def test_older_vllm_and_sglang_forms() -> None:
     s = m.update("sg", EngineReading(ttft_requests=6, ttft_s=2.5, queue_s=0.6, prompt_tokens=12000, hit_tokens=2000))
     assert s is not None and s.source == "ttft" and math.isclose(s.tokens_per_s, 4000 / 0.4)
     assert m.update("none", EngineReading(running=1.0)) is None
+
+
+def test_overlapping_prefills_are_counted_once_and_a_busy_window_is_not_usable() -> None:
+    config = EngineCalibrationConfig(min_window_s=1.0, max_overlap=2.0, min_requests=1)
+    clock = Clock()
+    m = PrefillMeter(config, clock)
+    m.update("e", vllm(0, 0, 0))
+    clock.t = 10.0
+    short = m.update("e", vllm(3, 3000, 1.5))  # 3 prefills of 0.5 s in 10 s: no overlap
+    assert short is not None and short.prefill_s == 1.5 and short.overlap == 0.15 and short.usable(config)
+    clock.t = 20.0
+    shared = m.update("e", vllm(9, 9000, 16.5))  # 6 prefills of 2.5 s in 10 s: 1.5 in flight on average
+    assert shared is not None and shared.prefill_s == 10.0 and shared.tokens_per_s == 600 and shared.usable(config)
+    clock.t = 30.0
+    busy = m.update("e", vllm(19, 19000, 46.5))  # 3 in flight: the histograms measure the queue
+    assert busy is not None and busy.overlap == 3.0 and not busy.usable(config)
+    clock.t = 30.5
+    assert m.update("e", vllm(20, 20000, 46.6)) is None  # shorter than min_window_s: not yet
 
 
 def test_retain_forgets_instances_that_left() -> None:
