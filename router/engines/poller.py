@@ -51,7 +51,8 @@ class EnginePoller:
         self._applied: dict[str, InstanceConfig] = {}  # ... and as last handed to the pool
         self._logged: set[tuple[str, str, str]] = set()
         self.meter = PrefillMeter(self._engines.calibration)
-        # where measured prefill windows go (the calibration); set by whoever owns the calibrator
+        # where measured prefill windows go (the calibration, which decides what it learns from);
+        # set by whoever owns the calibrator
         self.on_prefill: Callable[[str, PrefillSample], None] | None = None
 
     # -- reads -----------------------------------------------------------------------------
@@ -122,7 +123,7 @@ class EnginePoller:
             sample = self.meter.update(inst.id, reading)
             if sample is not None:
                 self.book.record_prefill(inst.id, sample)
-                if self.on_prefill is not None and sample.usable(calibration):
+                if self.on_prefill is not None:
                     self.on_prefill(inst.id, sample)
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)

@@ -132,8 +132,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
 
             def engine_prefill(instance_id: str, sample: PrefillSample) -> None:  # engine-measured rates -> calibration
                 current = service.config
-                service.calibration.observe_engine(instance_id, sample, current.policy.ttft,
-                                                   current.engines.calibration.weight)
+                service.calibration.observe_engine(instance_id, sample, current.policy.ttft, current.engines.calibration)
             poller.on_prefill = engine_prefill
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions(),
                                   make_policy=make_policy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from router.config.engines import EngineCalibrationConfig
 from router.config.model import TTFTWeights
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
@@ -102,25 +103,27 @@ class CalibrationHook(Hook):
             self._measured[instance] = self._measured.get(instance, 0) + 1
         self._apply(key, factor)
 
-    def observe_engine(self, instance: str, sample: PrefillSample, weights: TTFTWeights, weight: float) -> float | None:
+    def observe_engine(self, instance: str, sample: PrefillSample, weights: TTFTWeights,
+                       config: EngineCalibrationConfig) -> float | None:
         """Fold in one engine-measured prefill window of ``instance``; returns its new factor.
 
         The window is compared with what the router's own model would have estimated for the
         same prefills at the rate it currently believes (mean computed tokens per prefill, no
-        queue: the engine's prefill time excludes it)."""
+        queue: the engine's prefill time excludes it). Every window settles the count of the
+        router's own measurements, also one too busy to learn from."""
         if instance not in self.pool:
             return None
         own = self._measured.pop(instance, 0)
         fresh = max(0.0, sample.requests - own)
-        if fresh <= 0:
-            return None  # every prefill in it was measured at the first byte already
+        if fresh <= 0 or not sample.usable(config):
+            return None  # every prefill in it was measured at the first byte already, or it measured a queue
         rate = self.pool.get(instance).candidate.prefill_tokens_per_s
         if rate is None or rate <= 0:
             return None
         per_request = sample.computed_tokens / sample.requests
         estimate = sample.requests * prefill_seconds(per_request, round(per_request), rate, weights)
         key = self._key(instance)
-        factor = self.calibrator.observe(key, estimate, sample.prefill_s, weight * fresh)
+        factor = self.calibrator.observe(key, estimate, sample.prefill_s, config.weight * fresh)
         self._apply(key, factor)
         return factor
 

@@ -185,20 +185,32 @@ def _window(requests: float, tokens: float, seconds: float):  # type: ignore[no-
 
 
 def test_an_engine_window_corrects_the_rate_and_does_not_count_the_routers_own_measurements_twice():
+    from router.config.engines import EngineCalibrationConfig
+
     weights = RouterConfig().policy.ttft.model_copy(update={"attention_s_per_token2": 0.0, "request_overhead_s": 0.0})
+    half = EngineCalibrationConfig(weight=0.5)
     hook, pool = _hook("instance", [{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 10000}])
     # the engine computed 4 x 1000 tokens in 1.0 s: 4000 tokens/s where 10000 was declared
-    assert hook.observe_engine("a", _window(4, 4000, 1.0), weights, 0.5) == 2.5  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(4, 4000, 1.0), weights, half) == 2.5  # type: ignore[attr-defined]
     assert abs(pool.get("a").candidate.prefill_tokens_per_s - 4000) < 1e-6
     # two prefills measured at the first byte, then a window holding those same two: nothing new
     for _ in range(2):
         _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
     factor = pool.get("a").factor
-    assert hook.observe_engine("a", _window(2, 2000, 5.0), weights, 0.5) is None  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(2, 2000, 5.0), weights, half) is None  # type: ignore[attr-defined]
     assert pool.get("a").factor == factor
     # a window of 6 of which the router measured 2: the 4 others count (and the count starts over)
     for _ in range(2):
         _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
-    assert hook.observe_engine("a", _window(6, 6000, 6000 / 4000), weights, 0.5) is not None  # type: ignore[attr-defined]
-    assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, 0.5) is not None  # type: ignore[attr-defined]
-    assert hook.observe_engine("gone", _window(2, 2000, 0.5), weights, 0.5) is None  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(6, 6000, 6000 / 4000), weights, half) is not None  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
+    assert hook.observe_engine("gone", _window(2, 2000, 0.5), weights, half) is None  # type: ignore[attr-defined]
+    # a window too busy to learn from still settles the count of the router's own measurements
+    from router.engines.prefill_rate import PrefillSample
+
+    for _ in range(3):
+        _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
+    factor = pool.get("a").factor
+    busy = PrefillSample(4, 4000, 1.0, "prefill_time", overlap=3.0)
+    assert hook.observe_engine("a", busy, weights, half) is None and pool.get("a").factor == factor  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
