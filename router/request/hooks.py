@@ -48,7 +48,7 @@ class CalibrationHook(Hook):
 
     Also the engines' own measured prefill windows (``observe_engine``, fed by the poller): a
     window's prefills that this router already measured at the first byte are not counted
-    again — the window's weight is the share of its prefills the router did not measure."""
+    again — each of the others weighs ``engines.calibration.weight`` of one measurement."""
 
     def __init__(self, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> None:
         self.calibrator, self.pool, self.metrics = calibrator, pool, metrics
@@ -109,20 +109,23 @@ class CalibrationHook(Hook):
 
         The window is compared with what the router's own model would have estimated for the
         same prefills at the rate it currently believes (mean computed tokens per prefill, no
-        queue: the engine's prefill time excludes it). Every window settles the count of the
-        router's own measurements, also one too busy to learn from."""
+        queue: the engine's prefill time excludes it), as a whole (``calibration.min_estimate_s``
+        applies to the window's sum). Every window settles the count of the router's own
+        measurements, also one too busy to learn from."""
         if instance not in self.pool:
             return None
         own = self._measured.pop(instance, 0)
         fresh = max(0.0, sample.requests - own)
         if fresh <= 0 or not sample.usable(config):
             return None  # every prefill in it was measured at the first byte already, or it measured a queue
-        rate = self.pool.get(instance).candidate.prefill_tokens_per_s
-        if rate is None or rate <= 0:
+        inst = self.pool.get(instance)
+        if inst.candidate.prefill_tokens_per_s is None or inst.candidate.prefill_tokens_per_s <= 0:
             return None
+        key = self._key(instance)
+        # the rate the calibrator's own factor implies (the pool's may lag it by the 1% rule)
+        rate = inst.candidate.prefill_tokens_per_s * inst.factor / self.calibrator.factor(key)
         per_request = sample.computed_tokens / sample.requests
         estimate = sample.requests * prefill_seconds(per_request, round(per_request), rate, weights)
-        key = self._key(instance)
         factor = self.calibrator.observe(key, estimate, sample.prefill_s, config.weight * fresh)
         self._apply(key, factor)
         return factor

@@ -76,7 +76,7 @@ class Calibrator:
         c = self._config
         n = self._observed.get(instance, 0.0) + weight
         self._observed[instance] = n
-        ewma = 1.0 - math.pow(1.0 - c.alpha, weight)
+        ewma = c.alpha if weight == 1.0 else 1.0 - math.pow(1.0 - c.alpha, weight)  # exact for one measurement
         alpha = min(1.0, max(ewma, weight / n)) if n <= c.warmup else ewma
         old = self.factor(instance)
         target = old * actual_s / estimated_s
