@@ -119,6 +119,8 @@ class CalibrationHook(Hook):
         if fresh <= 0 or not sample.usable(config):
             return None  # every prefill in it was measured at the first byte already, or it measured a queue
         inst = self.pool.get(instance)
+        if inst.config.role == "decode":  # its "prefill" is the KV transfer of someone else's: not its rate
+            return None
         if inst.candidate.prefill_tokens_per_s is None or inst.candidate.prefill_tokens_per_s <= 0:
             return None
         key = self._key(instance)

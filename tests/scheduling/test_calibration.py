@@ -214,3 +214,15 @@ def test_an_engine_window_corrects_the_rate_and_does_not_count_the_routers_own_m
     busy = PrefillSample(4, 4000, 1.0, "prefill_time", overlap=3.0)
     assert hook.observe_engine("a", busy, weights, half) is None and pool.get("a").factor == factor  # type: ignore[attr-defined]
     assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
+
+
+def test_a_decode_instance_is_not_calibrated_from_its_engine_windows():
+    from router.config.engines import EngineCalibrationConfig
+
+    hook, pool = _hook("instance", [{"url": "http://p:1", "name": "p", "role": "prefill"},
+                                    {"url": "http://d:1", "name": "d", "role": "decode"}])
+    weights, config = RouterConfig().policy.ttft, EngineCalibrationConfig()
+    # a decode engine's prefill phase is the KV pull: few tokens computed in transfer time
+    assert hook.observe_engine("d", _window(4, 8, 1.0), weights, config) is None  # type: ignore[attr-defined]
+    assert pool.get("d").factor == 1.0
+    assert hook.observe_engine("p", _window(4, 4000, 1.0), weights, config) is not None  # type: ignore[attr-defined]
