@@ -73,18 +73,24 @@ class _Totals:
     tokens: float
     seconds: float
     source: str
+    counters: tuple[float, ...]  # the engine's own counters these come from: any going back is a restart
 
 
 def _totals(r: EngineReading) -> _Totals | None:
     """The cumulative (requests, computed tokens, prefill seconds) a reading holds, if any."""
     if r.prefill_requests is not None and r.prefill_s is not None:
         if r.computed_tokens is not None:
-            return _Totals(r.prefill_requests, r.computed_tokens, r.prefill_s, "prefill_time")
+            return _Totals(r.prefill_requests, r.computed_tokens, r.prefill_s, "prefill_time",
+                           (r.prefill_requests, r.computed_tokens, r.prefill_s))
         if r.prompt_tokens is not None and r.hit_tokens is not None:
-            return _Totals(r.prefill_requests, r.prompt_tokens - r.hit_tokens, r.prefill_s, "prefill_time")
+            return _Totals(r.prefill_requests, r.prompt_tokens - r.hit_tokens, r.prefill_s, "prefill_time",
+                           (r.prefill_requests, r.prompt_tokens, r.hit_tokens, r.prefill_s))
     if r.ttft_requests is not None and r.ttft_s is not None and r.prompt_tokens is not None:
-        seconds = r.ttft_s - (r.queue_s or 0.0)
-        return _Totals(r.ttft_requests, r.prompt_tokens - (r.hit_tokens or 0.0), seconds, "ttft")
+        # queue time is observed at scheduling, TTFT at the first token: their difference may
+        # dip between scrapes without a restart, so restarts are read on the counters themselves
+        hits, queue = r.hit_tokens or 0.0, r.queue_s or 0.0
+        return _Totals(r.ttft_requests, r.prompt_tokens - hits, r.ttft_s - queue, "ttft",
+                       (r.ttft_requests, r.ttft_s, r.prompt_tokens, hits, queue))
     return None
 
 
@@ -108,15 +114,14 @@ class PrefillMeter:
         """Fold one scrape in; a sample when the instance's window has filled, else None."""
         totals = _totals(reading)
         now = self._clock()
-        if totals is None or not all(math.isfinite(v) for v in (totals.requests, totals.tokens, totals.seconds)):
+        if totals is None or not all(math.isfinite(v) for v in totals.counters):
             self._windows.pop(instance, None)
             return None
         window = self._windows.get(instance)
         if window is None or window.last.source != totals.source:  # first read: what came before is not ours to count
             self._windows[instance] = _Window(totals, totals, now)
             return None
-        last = window.last
-        if totals.requests < last.requests or totals.tokens < last.tokens or totals.seconds < last.seconds:
+        if any(new < old for new, old in zip(totals.counters, window.last.counters)):
             self.resets += 1  # the engine restarted: its counters start again from zero
             self._windows[instance] = _Window(totals, totals, now)
             return None

@@ -114,6 +114,15 @@ def test_overlapping_prefills_are_counted_once_and_a_busy_window_is_not_usable()
     assert m.update("e", vllm(20, 20000, 46.6)) is None  # shorter than min_window_s: not yet
 
 
+def test_queue_time_observed_before_the_first_token_is_not_a_restart() -> None:
+    m = meter(min_requests=2)
+    m.update("sg", EngineReading(ttft_requests=4, ttft_s=2.0, queue_s=0.5, prompt_tokens=8000, hit_tokens=0))
+    # two more scheduled (their queue time counted), no first token yet: TTFT - queue went down
+    assert m.update("sg", EngineReading(ttft_requests=4, ttft_s=2.0, queue_s=0.7, prompt_tokens=8000, hit_tokens=0)) is None
+    s = m.update("sg", EngineReading(ttft_requests=6, ttft_s=2.6, queue_s=0.7, prompt_tokens=12000, hit_tokens=0))
+    assert m.resets == 0 and s is not None and math.isclose(s.tokens_per_s, 4000 / 0.4)
+
+
 def test_retain_forgets_instances_that_left() -> None:
     m = meter(min_requests=1)
     m.update("a", vllm(0, 0, 0))
