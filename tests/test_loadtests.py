@@ -259,3 +259,18 @@ def test_kv_flood_payloads_apply_in_steady_state() -> None:
         writer.apply_raw(events)
     assert len(writer.table) == LAG * PER_MESSAGE // 2 * BLOCKS_PER_EVENT
     assert writer.counters.refused == writer.counters.orphans == 0
+
+
+def test_engine_calibration_bench_gives_the_router_only_urls_and_the_wrong_rate() -> None:
+    from types import SimpleNamespace
+
+    from loadtests import engine_calibration
+    from router.config.model import load_config
+
+    args = engine_calibration.parse_args([])
+    assert (args.seconds, args.bypass, args.wrong, args.cell) == (60.0, 0.5, 2.5, "b2b_uniform/2/defaults")
+    engines = [SimpleNamespace(url=f"http://127.0.0.1:{9000 + i}", name=f"e{i}") for i in range(2)]
+    for on in (False, True):
+        config = load_config(overrides=engine_calibration.config(engines, 1234.0, on, 1))  # type: ignore[arg-type]
+        assert config.policy.ttft.prefill_tokens_per_s == 1234.0 and config.engines.calibration.enabled is on
+        assert all(i.prefill_tokens_per_s is None for i in config.instances)  # the default rate decides

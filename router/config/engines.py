@@ -7,6 +7,37 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+class EngineCalibrationConfig(BaseModel):
+    """Prefill rates measured from the engines' own /metrics (router/engines/prefill_rate.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="fold each engine's own measured prefill rate into the calibration "
+                          "(it also sees traffic that bypasses this router and instances the router stopped sending to)")
+    weight: float = Field(default=0.5, gt=0, le=1, description="weight of one engine-measured prefill that this router did not "
+                          "measure itself, relative to one first-byte measurement (the router's own requests in an engine window "
+                          "are not counted again: they were measured at the first byte already)")
+    min_requests: int = Field(default=2, ge=1, description="prefills an engine window must hold before it is measured")
+    min_prefill_s: float = Field(default=0.01, gt=0, description="engine prefill seconds a window must hold before it is measured")
+    min_window_s: float = Field(default=2.0, gt=0, description="a window spans at least this many seconds, so the requests "
+                                "finishing in it (whose prefills began earlier) are a fair sample of its prefill time")
+    max_overlap: float = Field(default=2.0, ge=1, description="a window whose prefills overlapped more than this on average "
+                               "(summed prefill seconds / wall seconds) is dropped: a busy engine's histograms measure its "
+                               "queue more than its rate")
+    max_window_s: float = Field(default=60.0, gt=0, description="a window that has not filled for this long is dropped, "
+                                "so a measurement never mixes old and new hardware behaviour")
+    min_tokens_per_s: float = Field(default=10.0, gt=0, description="measured rates below this are refused as implausible")
+    max_tokens_per_s: float = Field(default=1.0e8, gt=0, description="measured rates above this are refused as implausible")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "EngineCalibrationConfig":
+        if self.min_tokens_per_s >= self.max_tokens_per_s:
+            raise ValueError("min_tokens_per_s must be below max_tokens_per_s")
+        if self.min_window_s >= self.max_window_s:
+            raise ValueError("min_window_s must be below max_window_s")
+        return self
+
+
 class EnginesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -22,6 +53,11 @@ class EnginesConfig(BaseModel):
         default=32.0, gt=0,
         description="a text prompt is refused as too long (400) only when even at this many UTF-8 bytes per token "
         "it exceeds max_model_len: a lower bound, so a prompt that fits is never refused",
+    )
+
+    calibration: EngineCalibrationConfig = Field(
+        default_factory=EngineCalibrationConfig,
+        description="prefill rates measured from the engines' own metrics, folded into the online calibration",
     )
 
     @model_validator(mode="after")

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from router.engines.facts import EngineFacts
+from router.engines.prefill_rate import PrefillSample
 from router.engines.readings import EngineReading
 from router.state.base import Load
 
@@ -31,6 +32,7 @@ class EngineEntry:
     # negative traffic, and what the engine did before the router watched does not count.
     hit_tokens_seen: float = 0.0
     queried_tokens_seen: float = 0.0
+    prefill: PrefillSample | None = None  # the engine's own last measured prefill window
 
     @property
     def hit_ratio(self) -> float | None:
@@ -85,6 +87,9 @@ class EngineBook:
         else:
             self._external[instance] = (external, now)
 
+    def record_prefill(self, instance: str, sample: PrefillSample) -> None:
+        self.entry(instance).prefill = sample
+
     def scrape_failed(self, instance: str) -> None:
         """An engine whose /metrics fails has no external load (rather than a stale one)."""
         entry = self.entry(instance)
@@ -122,6 +127,8 @@ class EngineBook:
             "reading": asdict(entry.reading) if entry.reading is not None else None,
             "external_load": asdict(entry.external),
             "prefix_cache_hit_ratio": entry.hit_ratio,
+            "prefill": ({**asdict(entry.prefill), "tokens_per_s": entry.prefill.tokens_per_s}
+                        if entry.prefill is not None else None),
             "scrape_errors": entry.scrape_errors,
             "facts_errors": entry.facts_errors,
         }

@@ -40,12 +40,18 @@ class EngineCollector(Collector):
                                       labels=["engine"])
         capacity = GaugeMetricFamily("pd_router_engine_cache_capacity_tokens", "KV cache capacity the engine reported",
                                      labels=["engine"])
+        prefill = GaugeMetricFamily("pd_router_engine_prefill_tokens_per_s",
+                                    "The engine's own prefill rate: KV tokens computed per second of prefill, from its "
+                                    "histograms over the last measured window (router/engines/prefill_rate.py)",
+                                    labels=["engine"])
         errors = CounterMetricFamily("pd_router_engine_scrape_errors", "Failed reads of an engine's /metrics",
                                      labels=["engine"])
         for instance, entry in self._book.items():
             errors.add_metric([instance], entry.scrape_errors)
             if entry.hit_ratio is not None:
                 hit_ratio.add_metric([instance], entry.hit_ratio)
+            if entry.prefill is not None:
+                prefill.add_metric([instance], entry.prefill.tokens_per_s)
             if entry.facts.capacity_tokens is not None:
                 capacity.add_metric([instance], entry.facts.capacity_tokens)
             r = entry.reading
@@ -65,4 +71,4 @@ class EngineCollector(Collector):
             for kind, value in (("requests", ext.requests), ("prefill_tokens", ext.prefill_tokens),
                                 ("kv_tokens", ext.kv_tokens)):
                 external.add_metric([instance, kind], value)
-        yield from (reported, usage, external, queried, hits, hit_ratio, capacity, errors)
+        yield from (reported, usage, external, queried, hits, hit_ratio, capacity, prefill, errors)

@@ -26,6 +26,7 @@ from router.core.instances import Instance, InstancePool
 from router.engines.book import EngineBook
 from router.engines.external import external_load
 from router.engines.facts import EngineFacts, effective_config, parse_models, parse_server_info
+from router.engines.prefill_rate import PrefillMeter, PrefillSample
 from router.engines.readings import EngineReading, parse_metrics
 from router.state.base import Load, StateStore
 
@@ -49,6 +50,10 @@ class EnginePoller:
         self._written: dict[str, InstanceConfig] = {}  # each instance's config as the operator wrote it
         self._applied: dict[str, InstanceConfig] = {}  # ... and as last handed to the pool
         self._logged: set[tuple[str, str, str]] = set()
+        self.meter = PrefillMeter(self._engines.calibration)
+        # where measured prefill windows go (the calibration, which decides what it learns from);
+        # set by whoever owns the calibrator
+        self.on_prefill: Callable[[str, PrefillSample], None] | None = None
 
     # -- reads -----------------------------------------------------------------------------
     async def _get(self, url: str) -> bytes | None:
@@ -113,6 +118,13 @@ class EnginePoller:
                           max(a.kv_tokens, b.kv_tokens), max(a.transfers, b.transfers))
             external = external_load(reading, booked, inst.config.cache_tokens)
         self.book.record_reading(inst.id, reading, external)
+        calibration = self._engines.calibration
+        if calibration.enabled:
+            sample = self.meter.update(inst.id, reading)
+            if sample is not None:
+                self.book.record_prefill(inst.id, sample)
+                if self.on_prefill is not None:
+                    self.on_prefill(inst.id, sample)
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)
         if updated != facts:
@@ -181,6 +193,7 @@ class EnginePoller:
         instances = list(self._pool)
         ids = {i.id for i in instances}
         self.book.retain(ids)
+        self.meter.retain(ids)
         for known in (self._written, self._applied):
             for gone in [i for i in known if i not in ids]:
                 del known[gone]

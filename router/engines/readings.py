@@ -33,7 +33,18 @@ _PROMPT = ("vllm:prompt_tokens_total", "vllm:prompt_tokens", "sglang:prompt_toke
 _FINISHED = ("vllm:request_success_total", "vllm:request_success", "sglang:num_requests_total", "sglang:num_requests")
 _CACHE_INFO = ("vllm:cache_config_info", "sglang:cache_config_info")
 _SGLANG_CAPACITY = ("sglang:max_total_num_tokens",)
-_WANTED = _RUNNING + _WAITING + _USAGE + _QUERIES + _HITS + _PROMPT + _FINISHED + _CACHE_INFO + _SGLANG_CAPACITY
+# Histogram sums and counts (vLLM observes the prefill ones when a request finishes; TTFT and
+# queue time are observed at the first token / at scheduling). Only ``_sum``/``_count`` are read:
+# their TYPE lines are cut with the buckets, so each parses as an untyped sample of its own name.
+_PREFILL_S = ("vllm:request_prefill_time_seconds_sum",)
+_PREFILL_N = ("vllm:request_prefill_time_seconds_count",)
+_COMPUTED = ("vllm:request_prefill_kv_computed_tokens_sum",)
+_TTFT_S = ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum")
+_TTFT_N = ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count")
+_QUEUE_S = ("vllm:request_queue_time_seconds_sum", "sglang:queue_time_seconds_sum")
+_TIMING = _PREFILL_S + _PREFILL_N + _COMPUTED + _TTFT_S + _TTFT_N + _QUEUE_S
+_WANTED = (_RUNNING + _WAITING + _USAGE + _QUERIES + _HITS + _PROMPT + _FINISHED + _CACHE_INFO + _SGLANG_CAPACITY
+           + _TIMING)
 _NAMES = frozenset(_WANTED)
 _PREFIXES = tuple(sorted({n.removesuffix("_total") for n in _WANTED}))
 
@@ -52,6 +63,13 @@ class EngineReading:
     block_size: int | None = None
     capacity_tokens: int | None = None  # KV cache capacity in tokens
     kv_dtype: str | None = None
+    # counters from histograms (sums over ranks): prefill phase (first scheduled -> first token)
+    prefill_s: float | None = None  # seconds, summed over finished requests
+    prefill_requests: float | None = None  # finished requests those seconds cover
+    computed_tokens: float | None = None  # KV tokens those requests computed (cache hits excluded)
+    ttft_s: float | None = None  # the engine's own time to first token, summed
+    ttft_requests: float | None = None
+    queue_s: float | None = None  # time waiting to be scheduled, summed
 
     @property
     def requests(self) -> float | None:
@@ -140,4 +158,10 @@ def parse_metrics(text: str) -> EngineReading:
         block_size=block,
         capacity_tokens=capacity,
         kv_dtype=dtype,
+        prefill_s=_sum(series, _PREFILL_S),
+        prefill_requests=_sum(series, _PREFILL_N),
+        computed_tokens=_sum(series, _COMPUTED),
+        ttft_s=_sum(series, _TTFT_S),
+        ttft_requests=_sum(series, _TTFT_N),
+        queue_s=_sum(series, _QUEUE_S),
     )

@@ -29,6 +29,7 @@ from router.engines.book import EngineBook
 from router.engines.exported import EngineCollector
 from router.engines.external import ExternalLoadPolicy
 from router.engines.poller import EnginePoller
+from router.engines.prefill_rate import PrefillSample
 from router.gateway.errors import install_error_handlers
 from router.gateway.fastpath import RouterApp
 from router.gateway.explain import explain
@@ -127,6 +128,12 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
             admission = Admission(pool, book, config.engines.text_bytes_per_token_max)
             app.state.service = RouterService(config, pool, store, policy, upstream, metrics, hooks=hooks,
                                               admission=admission, forward_authorization=not api_keys.enabled)
+            service = app.state.service
+
+            def engine_prefill(instance_id: str, sample: PrefillSample) -> None:  # engine-measured rates -> calibration
+                current = service.config
+                service.calibration.observe_engine(instance_id, sample, current.policy.ttft, current.engines.calibration)
+            poller.on_prefill = engine_prefill
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions(),
                                   make_policy=make_policy)
             await app.state.live.start()

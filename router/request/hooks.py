@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import logging
 
+from router.config.engines import EngineCalibrationConfig
+from router.config.model import TTFTWeights
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
+from router.engines.prefill_rate import PrefillSample
 from router.request.lifecycle import Abandon, Attempt, Hook
 from router.scheduling.calibration import Calibrator, calibration_key
+from router.scheduling.cost import prefill_seconds
 from router.scheduling.decide import Routed
 from router.state.base import StateStore
 from router.upstream.relay import Outcome
@@ -40,13 +44,18 @@ class BookingHook(Hook):
 
 class CalibrationHook(Hook):
     """Measured against estimated prefill time, at the first byte: the TTFT of a stream, and the
-    prefill leg the router ran itself (vLLM PD). Slow instances get their prefill rate scaled."""
+    prefill leg the router ran itself (vLLM PD). Slow instances get their prefill rate scaled.
+
+    Also the engines' own measured prefill windows (``observe_engine``, fed by the poller): a
+    window's prefills that this router already measured at the first byte are not counted
+    again — each of the others weighs ``engines.calibration.weight`` of one measurement."""
 
     def __init__(self, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> None:
         self.calibrator, self.pool, self.metrics = calibrator, pool, metrics
         self._members: dict[str, list[str]] = {}  # calibration key -> instance ids, for pool.version
         self._version = -1
         self._applied: dict[str, float] = {}  # instance -> the factor its rate was last scaled by
+        self._measured: dict[str, int] = {}  # instance -> first-byte measurements since its last engine window
 
     def _key(self, instance: str) -> str:
         inst = self.pool.get(instance)
@@ -60,6 +69,7 @@ class CalibrationHook(Hook):
                 members.setdefault(self._key(inst.id), []).append(inst.id)
             self._members, self._version = members, self.pool.version
             self._applied = {i: f for i, f in self._applied.items() if i in self.pool}  # bounded by the pool
+            self._measured = {i: n for i, n in self._measured.items() if i in self.pool}
         return self._members.get(key, [])
 
     async def first_byte(self, attempt: Attempt) -> None:
@@ -89,6 +99,40 @@ class CalibrationHook(Hook):
             return
         key = self._key(instance)
         factor = self.calibrator.observe(key, estimate, actual_s)
+        if factor is not None:
+            self._measured[instance] = self._measured.get(instance, 0) + 1
+        self._apply(key, factor)
+
+    def observe_engine(self, instance: str, sample: PrefillSample, weights: TTFTWeights,
+                       config: EngineCalibrationConfig) -> float | None:
+        """Fold in one engine-measured prefill window of ``instance``; returns its new factor.
+
+        The window is compared with what the router's own model would have estimated for the
+        same prefills at the rate it currently believes (mean computed tokens per prefill, no
+        queue: the engine's prefill time excludes it), as a whole (``calibration.min_estimate_s``
+        applies to the window's sum). Every window settles the count of the router's own
+        measurements, also one too busy to learn from."""
+        if instance not in self.pool:
+            return None
+        own = self._measured.pop(instance, 0)
+        fresh = max(0.0, sample.requests - own)
+        if fresh <= 0 or not sample.usable(config):
+            return None  # every prefill in it was measured at the first byte already, or it measured a queue
+        inst = self.pool.get(instance)
+        if inst.config.role == "decode":  # its "prefill" is the KV transfer of someone else's: not its rate
+            return None
+        if inst.candidate.prefill_tokens_per_s is None or inst.candidate.prefill_tokens_per_s <= 0:
+            return None
+        key = self._key(instance)
+        # the rate the calibrator's own factor implies (the pool's may lag it by the 1% rule)
+        rate = inst.candidate.prefill_tokens_per_s * inst.factor / self.calibrator.factor(key)
+        per_request = sample.computed_tokens / sample.requests
+        estimate = sample.requests * prefill_seconds(per_request, round(per_request), rate, weights)
+        factor = self.calibrator.observe(key, estimate, sample.prefill_s, config.weight * fresh)
+        self._apply(key, factor)
+        return factor
+
+    def _apply(self, key: str, factor: float | None) -> None:
         changed = self.calibrator.relax()  # factors no traffic re-measures fade toward 1.0
         if factor is not None:
             changed[key] = factor
@@ -168,7 +212,6 @@ class AccessLogHook(Hook):
                      why.kind, why.reason, why.instance, attempt.duration_s)
 
 
-def standard_hooks(store: StateStore, calibrator: Calibrator, pool: InstancePool, metrics: Metrics) -> list[Hook]:
+def standard_hooks(store: StateStore, calibration: CalibrationHook, pool: InstancePool, metrics: Metrics) -> list[Hook]:
     """The hooks every router runs, in order."""
-    return [BookingHook(store), CalibrationHook(calibrator, pool, metrics), OutlierHook(pool, metrics), MetricsHook(metrics),
-            AccessLogHook()]
+    return [BookingHook(store), calibration, OutlierHook(pool, metrics), MetricsHook(metrics), AccessLogHook()]

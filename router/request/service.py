@@ -32,7 +32,7 @@ from router.engines.book import EngineBook
 from router.request.admission import Admission
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried, give_up_when_down, transport_failure
 from router.request.continuation import Continuation, continuable
-from router.request.hooks import standard_hooks
+from router.request.hooks import CalibrationHook, standard_hooks
 from router.request.inputs import read_body, request_slo
 from router.request.keys import route_request
 from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
@@ -92,7 +92,9 @@ class RouterService:
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         # warms long streams' backup decode instances (kv_store.standby); its hook cancels them with their streams
         self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id)
-        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), self.standby, *hooks])
+        # the calibration hook is also fed by the engine poller (engine-measured prefill rates)
+        self.calibration = CalibrationHook(self.calibrator, pool, metrics)
+        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibration, pool, metrics), self.standby, *hooks])
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         # what a KV store the engines share holds (kv_store), None without one
         self.store_tier = build_store_tier(config.kv_store, config.pd.kv_bytes_per_token, config.hashing.block_tokens)

@@ -18,6 +18,9 @@ Two rules keep the beliefs self-correcting:
   the wrong default rate it corrected. Pooled, every member's measurement corrects the
   group at once. ``scope: instance`` keeps one factor per instance (a pool of mixed
   hardware that declares no rates).
+* Two sources: the router's own first-byte TTFTs, and the engines' own prefill histograms
+  (router/engines/prefill_rate.py, folded in with a weight below one), which also measure
+  traffic that bypasses this router and instances it stopped sending to.
 * Staleness: a factor is only as good as its last measurement. One that has not been
   re-measured for ``stale_after_s`` relaxes toward 1.0 (the configured rate) with
   ``relax_half_life_s``. A factor high enough to keep all traffic away from an instance
@@ -49,7 +52,7 @@ class Calibrator:
         self._config = config
         self._clock = clock
         self.factors: dict[str, float] = {}
-        self._observed: dict[str, int] = {}  # observations folded in, per instance
+        self._observed: dict[str, float] = {}  # observations folded in (summed weights), per instance
         self._measured_at: dict[str, float] = {}  # when each factor was last measured (or relaxed)
 
     @property
@@ -60,14 +63,21 @@ class Calibrator:
         """The factor of an instance or group key (calibration_key), 1.0 when unmeasured."""
         return self.factors.get(key, 1.0)
 
-    def observe(self, instance: str, estimated_s: float, actual_s: float) -> float | None:
-        """Fold one measurement in; return the new factor (None when nothing changed)."""
-        if not self._config.enabled or estimated_s <= 0 or actual_s <= 0 or estimated_s < self._config.min_estimate_s:
+    def observe(self, instance: str, estimated_s: float, actual_s: float, weight: float = 1.0) -> float | None:
+        """Fold one measurement in; return the new factor (None when nothing changed).
+
+        ``weight`` is how many first-byte TTFTs the measurement is worth: an engine-reported
+        window of prefills is worth a fraction of one per prefill. A weight of w folds in like
+        w measurements of the same ratio (the warm-up mean counts it w times, the EWMA applies
+        w times), so how the engine's prefills were cut into scrape windows does not matter."""
+        if (not self._config.enabled or estimated_s <= 0 or actual_s <= 0 or estimated_s < self._config.min_estimate_s
+                or not 0 < weight < math.inf):
             return None
         c = self._config
-        n = self._observed.get(instance, 0) + 1
+        n = self._observed.get(instance, 0.0) + weight
         self._observed[instance] = n
-        alpha = max(c.alpha, 1.0 / n) if n <= c.warmup else c.alpha
+        ewma = c.alpha if weight == 1.0 else 1.0 - math.pow(1.0 - c.alpha, weight)  # exact for one measurement
+        alpha = min(1.0, max(ewma, weight / n)) if n <= c.warmup else ewma
         old = self.factor(instance)
         target = old * actual_s / estimated_s
         new = min(c.max_factor, max(c.min_factor, (1 - alpha) * old + alpha * target))

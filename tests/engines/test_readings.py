@@ -98,3 +98,28 @@ def test_nothing_known_is_all_none() -> None:
 def test_malformed_text_raises() -> None:
     with pytest.raises(ValueError):
         parse_metrics("vllm:num_requests_running{model_name=} nope\n")
+
+
+def test_prefill_and_ttft_histogram_sums_of_real_vllm_032() -> None:
+    r = parse_metrics(REAL)
+    assert (r.prefill_requests, r.ttft_requests) == (20, 20)
+    assert r.computed_tokens == 10328 == 18776 - 8448  # computed = prompt - prefix-cache hits
+    assert r.prefill_s is not None and r.ttft_s is not None and r.queue_s is not None
+    assert 0 < r.queue_s < r.prefill_s < r.ttft_s
+
+
+def test_sglang_ttft_and_queue_histograms() -> None:
+    text = """\
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="m"} 1.0
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 3.0
+sglang:time_to_first_token_seconds_sum{model_name="m"} 1.5
+sglang:time_to_first_token_seconds_count{model_name="m"} 3.0
+# TYPE sglang:queue_time_seconds histogram
+sglang:queue_time_seconds_bucket{le="+Inf",model_name="m"} 3.0
+sglang:queue_time_seconds_sum{model_name="m"} 0.25
+sglang:queue_time_seconds_count{model_name="m"} 3.0
+"""
+    r = parse_metrics(text)
+    assert (r.ttft_s, r.ttft_requests, r.queue_s) == (1.5, 3.0, 0.25)
+    assert r.prefill_s is None and r.computed_tokens is None

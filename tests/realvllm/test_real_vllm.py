@@ -109,6 +109,12 @@ def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: s
     assert router_sample(client, router, "pd_router_engine_scrape_errors_total", engine="vllm1") == 0
     for t in threads:
         t.join(timeout=120)
+    # the engine's own prefill histograms (observed as each request finishes) give a measured rate
+    deadline = time.monotonic() + 20
+    while (rate := router_sample(client, router, "pd_router_engine_prefill_tokens_per_s", engine="vllm1")) is None:
+        assert time.monotonic() < deadline, "no engine-measured prefill rate"
+        time.sleep(0.1)
+    assert rate > 0
 
 
 PREFIX = ("Tenant 3 system prompt. You answer questions about invoices, orders and contracts for the "

@@ -157,3 +157,72 @@ def test_calibration_key_groups_by_model_and_declared_rate():
     assert calibration_key("pool", "a", "m", None) != calibration_key("pool", "a", "m2", None)
     assert calibration_key("pool", "a", "m", 1000.0) != calibration_key("pool", "a", "m", None)
     assert calibration_key("instance", "a", "m", None) == "a"
+
+
+# -- weighted measurements: the engines' own prefill windows ----------------------------------
+
+def test_a_weight_of_w_folds_in_like_w_measurements_of_the_same_ratio():
+    config = CalibrationConfig(alpha=0.2, warmup=4, min_estimate_s=0.0)
+    once, repeated = Calibrator(config), Calibrator(config)
+    for cal in (once, repeated):  # past the warm-up: the EWMA
+        for _ in range(4):
+            cal.observe("a", 1.0, 1.0)
+    once.observe("a", 1.0, 3.0, weight=3)
+    for _ in range(3):  # the same absolute target each time (the ratio is taken against the factor)
+        repeated.observe("a", repeated.factor("a"), 3.0)
+    assert abs(once.factor("a") - repeated.factor("a")) < 1e-9
+    warm = Calibrator(config)
+    warm.observe("a", 1.0, 4.0, weight=1)
+    warm.observe("a", 4.0, 1.0, weight=3)  # the warm-up mean: (4 + 3 x 1) / 4
+    assert abs(warm.factor("a") - 1.75) < 1e-9
+    assert warm.observe("a", 1.0, 2.0, weight=0) is None and warm.observe("a", 1.0, 2.0, weight=float("nan")) is None
+
+
+def _window(requests: float, tokens: float, seconds: float):  # type: ignore[no-untyped-def]
+    from router.engines.prefill_rate import PrefillSample
+
+    return PrefillSample(requests, tokens, seconds, "prefill_time")
+
+
+def test_an_engine_window_corrects_the_rate_and_does_not_count_the_routers_own_measurements_twice():
+    from router.config.engines import EngineCalibrationConfig
+
+    weights = RouterConfig().policy.ttft.model_copy(update={"attention_s_per_token2": 0.0, "request_overhead_s": 0.0})
+    half = EngineCalibrationConfig(weight=0.5)
+    hook, pool = _hook("instance", [{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 10000}])
+    # the engine computed 4 x 1000 tokens in 1.0 s: 4000 tokens/s where 10000 was declared
+    assert hook.observe_engine("a", _window(4, 4000, 1.0), weights, half) == 2.5  # type: ignore[attr-defined]
+    assert abs(pool.get("a").candidate.prefill_tokens_per_s - 4000) < 1e-6
+    # two prefills measured at the first byte, then a window holding those same two: nothing new
+    for _ in range(2):
+        _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
+    factor = pool.get("a").factor
+    assert hook.observe_engine("a", _window(2, 2000, 5.0), weights, half) is None  # type: ignore[attr-defined]
+    assert pool.get("a").factor == factor
+    # a window of 6 of which the router measured 2: the 4 others count (and the count starts over)
+    for _ in range(2):
+        _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
+    assert hook.observe_engine("a", _window(6, 6000, 6000 / 4000), weights, half) is not None  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
+    assert hook.observe_engine("gone", _window(2, 2000, 0.5), weights, half) is None  # type: ignore[attr-defined]
+    # a window too busy to learn from still settles the count of the router's own measurements
+    from router.engines.prefill_rate import PrefillSample
+
+    for _ in range(3):
+        _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=1.0)
+    factor = pool.get("a").factor
+    busy = PrefillSample(4, 4000, 1.0, "prefill_time", overlap=3.0)
+    assert hook.observe_engine("a", busy, weights, half) is None and pool.get("a").factor == factor  # type: ignore[attr-defined]
+    assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
+
+
+def test_a_decode_instance_is_not_calibrated_from_its_engine_windows():
+    from router.config.engines import EngineCalibrationConfig
+
+    hook, pool = _hook("instance", [{"url": "http://p:1", "name": "p", "role": "prefill"},
+                                    {"url": "http://d:1", "name": "d", "role": "decode"}])
+    weights, config = RouterConfig().policy.ttft, EngineCalibrationConfig()
+    # a decode engine's prefill phase is the KV pull: few tokens computed in transfer time
+    assert hook.observe_engine("d", _window(4, 8, 1.0), weights, config) is None  # type: ignore[attr-defined]
+    assert pool.get("d").factor == 1.0
+    assert hook.observe_engine("p", _window(4, 4000, 1.0), weights, config) is not None  # type: ignore[attr-defined]

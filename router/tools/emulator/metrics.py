@@ -30,6 +30,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
                  1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_PHASE_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0)
+_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -139,6 +141,27 @@ class EngineMetrics:
                               "Request latency (wall seconds at this server).",
                               labelnames=names, buckets=_E2E_BUCKETS,
                               registry=self.registry).labels(*values)
+
+        self._flavor = flavor
+        self._queue = Histogram(f"{prefix}:{'request_queue_time_seconds' if flavor == 'vllm' else 'queue_time_seconds'}",
+                                "Time waiting to be scheduled (model seconds x time scale).",
+                                labelnames=names, buckets=_PHASE_BUCKETS, registry=self.registry).labels(*values)
+        if flavor == "vllm":  # vLLM observes these when a request finishes, from the same request's stats
+            self._prefill = Histogram("vllm:request_prefill_time_seconds",
+                                      "Time from first scheduled to first token (model seconds x time scale).",
+                                      labelnames=names, buckets=_PHASE_BUCKETS, registry=self.registry).labels(*values)
+            self._computed = Histogram("vllm:request_prefill_kv_computed_tokens",
+                                       "KV tokens computed during prefill (cached, transferred and loaded excluded).",
+                                       labelnames=names, buckets=_TOKEN_BUCKETS, registry=self.registry).labels(*values)
+
+    def observe_queue(self, seconds: float) -> None:
+        self._queue.observe(seconds)
+
+    def observe_prefill(self, seconds: float, computed_tokens: int) -> None:
+        """A finished request's prefill phase (vLLM only: SGLang exports no such histogram)."""
+        if self._flavor == "vllm":
+            self._prefill.observe(seconds)
+            self._computed.observe(computed_tokens)
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

@@ -174,10 +174,18 @@ class EmulatorRuntime:
             self.kv_store.write(stream.request.hashes)  # what this engine computed (or received)
         if stream.first_token_wall is not None:
             self.metrics.observe_ttft(stream.first_token_wall - stream.arrival_wall)
+        queue = stream.request.queue_time
+        if self.config.flavor != "vllm" and queue is not None:  # SGLang observes it at scheduling; vLLM at the end
+            self.metrics.observe_queue(queue * self.config.time_scale)
 
     def _on_finished(self, stream: RequestStream) -> None:
         r = stream.request
         self.metrics.observe_e2e(self.driver.wall_time() - stream.arrival_wall)
+        if self.config.flavor == "vllm" and r.schedule_time is not None and r.first_token_time is not None:
+            scale = self.config.time_scale
+            self.metrics.observe_queue((r.schedule_time - r.arrival_time) * scale)
+            present = r.num_cached + r.num_transferred + r.num_loaded
+            self.metrics.observe_prefill((r.first_token_time - r.schedule_time) * scale, max(0, r.prompt_len - present))
         e2e = (r.finish_time - r.arrival_time) if r.finish_time is not None else None
         self.stats.record(FinishedRecord(
             request_id=r.request_id, client_request_id=r.tag, prompt_tokens=r.prompt_len,
