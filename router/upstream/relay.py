@@ -78,7 +78,17 @@ def raw_chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
 
 
 async def read_raw(upstream: httpx.Response) -> bytes:
-    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after."""
+    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after.
+
+    From UpstreamTransport, read and closed on its body stream directly: httpx's
+    ``Response.aclose`` only wraps the same close in a generator-based context manager."""
+    stream = upstream.stream
+    if isinstance(stream, UpstreamBody):
+        try:
+            return await stream.read()
+        finally:
+            await stream.aclose()
+            upstream.is_closed = True  # as Response.aclose leaves it
     try:
         parts = [chunk async for chunk in raw_chunks(upstream)]
     finally:
