@@ -178,7 +178,7 @@ class RouterService:
                      continuing: bool = False) -> Response:
         for _ in range(self.config.proxy.retries + self.config.pd.prefill_retries + 2):
             candidates = self.candidates(parsed.model, tried)
-            tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
+            tried.candidates = len(candidates) - sum([c.config.role == "prefill" for c in candidates])
             if not tried.candidates:
                 break
             try:  # SLORejected (429) goes straight to the client

@@ -125,7 +125,7 @@ def _raw(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
 
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
     """The headers passed back, as ASGI wants them, in one pass over the engine's raw list."""
-    return [(name, value) for name, value in ((n.lower(), v) for n, v in _raw(upstream)) if name in _RETURNED_RAW]
+    return [(name, value) for n, value in _raw(upstream) if (name := n.lower()) in _RETURNED_RAW]
 
 
 def is_event_stream(upstream: httpx.Response) -> bool:
