@@ -221,8 +221,13 @@ class RelayResponse(Response):
         # end of the body in one write instead of two (same bytes, one syscall less).
         body = self._upstream.stream if isinstance(self._upstream.stream, UpstreamBody) else None
         chunks, feed = self._chunks, self._continuer
-        loop = asyncio.get_running_loop()
         chunk = self._first
+        if body is not None and body.complete:  # the whole answer came with its first chunk: no wait, no idle timer
+            if feed is not None:
+                chunk = feed.feed(chunk) + feed.flush()
+            await send({"type": "http.response.body", "body": chunk, "more_body": False})
+            return "ok"
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as idle:
             while True:
                 if feed is not None:
