@@ -60,7 +60,7 @@ class Instance:
 
     @property
     def id(self) -> str:
-        return self.config.id
+        return self.candidate.id  # config.id, one property call fewer (candidates are always built from config)
 
     @property
     def url(self) -> str:

@@ -40,11 +40,14 @@ class FastCycle(RequestResponseCycle):
                                     get_path_with_query_string(self.scope), self.scope["http_version"], status)
         content = [STATUS_LINE[status]]
         closing = False
-        for name, value in (*self.default_headers, *headers):
-            if HEADER_RE.search(name):
-                raise RuntimeError("Invalid HTTP header name.")
-            if HEADER_VALUE_RE.search(value):
-                raise RuntimeError("Invalid HTTP header value.")
+        pairs = (*self.default_headers, *headers)
+        # uvicorn's two checks per header, each over all names and all values at once: a
+        # character the patterns refuse is in the joined bytes exactly when it is in one of them
+        if HEADER_RE.search(b"".join([name for name, _ in pairs])):
+            raise RuntimeError("Invalid HTTP header name.")
+        if HEADER_VALUE_RE.search(b"".join([value for _, value in pairs])):
+            raise RuntimeError("Invalid HTTP header value.")
+        for name, value in pairs:
             name = name.lower()
             if name == b"content-length" and self.chunked_encoding is None:
                 self.expected_content_length = int(value.decode())

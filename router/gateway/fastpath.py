@@ -51,11 +51,20 @@ class RouterApp(FastAPI):
                 return
         await super().__call__(scope, receive, send)
 
+    _fast_ok: bool | None = None  # _only_request_id_middleware, once the middleware stack is built
+
     def _only_request_id_middleware(self) -> bool:
-        return all(m.cls is RequestIdMiddleware for m in self.user_middleware)  # type: ignore[comparison-overlap]
+        known = self._fast_ok
+        if known is not None:
+            return known
+        only = all(m.cls is RequestIdMiddleware for m in self.user_middleware)  # type: ignore[comparison-overlap]
+        if self.middleware_stack is not None:  # built: Starlette refuses add_middleware from now on
+            self._fast_ok = only
+        return only
 
     async def _serve(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
-        header = (b"x-request-id", assign_request_id(scope).encode())
+        request_id = assign_request_id(scope)
+        header = (b"x-request-id", request_id.encode())
         started = False
 
         async def send_with_id(message: Message) -> None:
@@ -65,7 +74,7 @@ class RouterApp(FastAPI):
                 message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
-        token = bind_request_id(header[1].decode())  # every log line of this request carries its id
+        token = bind_request_id(request_id)  # every log line of this request carries its id
         try:
             try:
                 response = await handler(Request(scope, receive))
@@ -80,7 +89,7 @@ class RouterApp(FastAPI):
                     raise
                 await error_response(refused, self.retry_after_s)(scope, receive, send_with_id)
         except Exception:
-            log.exception("request %s: unhandled error", header[1].decode())
+            log.exception("request %s: unhandled error", request_id)
             if started:  # the answer is on its way: all that is left is to cut it short
                 raise
             failed = InternalError("internal error; the router logged it under this request id")

@@ -75,18 +75,37 @@ class give_up_when_down:  # noqa: N801  (used as a function: ``with give_up_when
     """While the block waits on ``inst``, the active checks taking it out end the wait at once,
     as a timeout: a hung engine's JSON answer (whose headers come with its last byte) is then
     retried elsewhere instead of waiting out ``proxy.request_timeout_s``. A class rather than a
-    ``@contextmanager`` generator: it is on every request's path (~1% of its CPU as a generator)."""
+    ``@contextmanager`` generator: it is on every request's path (~1% of its CPU as a generator).
 
-    __slots__ = ("_inst", "_deadline")
+    With ``deadline`` (a block that has a timeout anyway: a stream's first byte), giving up
+    moves it to now. Without one, giving up cancels the task and the block raises
+    TimeoutError, as an ``asyncio.timeout(None)`` around it would (the same cancel/uncancel
+    rule: a cancellation from elsewhere stays a cancellation), without a Timeout object and
+    its loop look-ups on every JSON request."""
 
-    def __init__(self, inst: Instance, deadline: asyncio.Timeout) -> None:
+    __slots__ = ("_inst", "_deadline", "_task", "_cancelling", "_fired")
+
+    def __init__(self, inst: Instance, deadline: asyncio.Timeout | None = None) -> None:
         self._inst, self._deadline = inst, deadline
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self._fired = False
 
     def _give_up(self) -> None:
-        self._deadline.reschedule(asyncio.get_running_loop().time())
+        if self._deadline is not None:
+            self._deadline.reschedule(asyncio.get_running_loop().time())
+        elif not self._fired and self._task is not None:
+            self._fired = True
+            self._task.cancel()
 
     def __enter__(self) -> None:
+        if self._deadline is None:
+            self._task = task = asyncio.current_task()
+            self._cancelling = task.cancelling() if task is not None else 0
         self._inst.on_down.add(self._give_up)
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         self._inst.on_down.discard(self._give_up)
+        if (self._fired and kind is asyncio.CancelledError and self._task is not None
+                and self._task.uncancel() <= self._cancelling):
+            raise TimeoutError from exc

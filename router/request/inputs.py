@@ -11,8 +11,18 @@ from starlette.requests import ClientDisconnect, Request
 from router.core.errors import InvalidRequest, PayloadTooLarge
 
 
+def _header(request: Request, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case, as ASGI servers give names), from the
+    scope's list: Starlette's ``request.headers.get`` goes through Mapping.get, a lower-casing
+    __getitem__ and a decode, for a header most requests do not send."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    declared = _header(request, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body exceeds {limit} bytes")
     # ASGI receive() read directly, as Starlette's request.stream() does, without its async
@@ -35,11 +45,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def request_slo(request: Request, default: float | None) -> float | None:
-    raw = request.headers.get("x-ttft-slo-ms")
+    raw = _header(request, b"x-ttft-slo-ms")
     if raw is None:
         return default
     try:
-        value = float(raw) / 1000
+        value = float(raw.decode("latin-1")) / 1000
     except ValueError:
         raise InvalidRequest("header x-ttft-slo-ms must be a number of milliseconds", code="invalid_header") from None
     if not math.isfinite(value) or value <= 0:  # nan compares false with everything: it would disable the check

@@ -32,7 +32,7 @@ MAX_N = 128  # sequences per request; the engines' own defaults are far lower
 # would make an engine connect to an address of the client's choosing, or pin KV on it.
 CONTROL_FIELDS = ("kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room",
                   "do_remote_decode", "do_remote_prefill")
-_CONTROL_MARKERS = (b"kv_transfer_params", b"bootstrap_", b"do_remote_")
+_CONTROL_SET = frozenset(CONTROL_FIELDS)
 # Deepest JSON nesting accepted: tool schemas stay far below, while thousands of levels make
 # an engine's (or a re-serialising proxy's) recursive parser fail.
 MAX_DEPTH = 100
@@ -74,7 +74,8 @@ def parse_body(raw: bytes, endpoint: Endpoint, chars_per_token: float) -> Parsed
 
 
 def _parse(body: dict[str, Any], raw: bytes, endpoint: Endpoint, chars_per_token: float) -> ParsedRequest:
-    stripped = any(m in raw for m in _CONTROL_MARKERS) and _strip_control(body)
+    # the body's few top-level names against the set: a scan of the raw bytes per marker cost ~1.6 us
+    stripped = not _CONTROL_SET.isdisjoint(body) and _strip_control(body)
 
     model = body.get("model")
     if not isinstance(model, str) or not model:

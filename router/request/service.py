@@ -180,7 +180,7 @@ class RouterService:
                      continuing: bool = False) -> Response:
         for _ in range(self.config.proxy.retries + self.config.pd.prefill_retries + 2):
             candidates = self.candidates(parsed.model, tried)
-            tried.candidates = sum(1 for c in candidates if c.config.role != "prefill")
+            tried.candidates = len(candidates) - sum([c.config.role == "prefill" for c in candidates])
             if not tried.candidates:
                 break
             try:  # SLORejected (429) goes straight to the client
@@ -258,11 +258,14 @@ class RouterService:
                          stream: bool) -> AttemptOutcome:
         inst = attempt.instance
         try:
-            async with asyncio.timeout(self.config.proxy.first_byte_timeout_s if stream else None) as deadline:
-                with give_up_when_down(inst, deadline):
-                    upstream = await self.upstream.send(inst.url + path, raw, headers,
-                                                        self.stream_timeout if stream else self.timeout)
-                return await self._respond(upstream, attempt, tried)
+            if stream:  # the first chunk within first_byte_timeout_s (a JSON answer's bound is the client's read timeout)
+                async with asyncio.timeout(self.config.proxy.first_byte_timeout_s) as deadline:
+                    with give_up_when_down(inst, deadline):
+                        upstream = await self.upstream.send(inst.url + path, raw, headers, self.stream_timeout)
+                    return await self._respond(upstream, attempt, tried)
+            with give_up_when_down(inst):
+                upstream = await self.upstream.send(inst.url + path, raw, headers, self.timeout)
+            return await self._respond(upstream, attempt, tried)
         except httpx.TransportError as exc:
             return await self._unreachable(attempt, inst, exc)
         except TimeoutError:

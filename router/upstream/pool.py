@@ -177,14 +177,44 @@ class UpstreamBody(httpx.AsyncByteStream):
         """True once the whole body arrived and every chunk of it was handed out."""
         return self._conn.drained()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        while chunk := await self._conn.next_chunk(self._timeout):
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # an iterator object, not an async generator: the loop registers every async generator
+        # (a WeakSet entry and a finaliser per answer) and closing one costs a throw
+        return _Chunks(self._conn, self._timeout)
+
+    async def read(self) -> bytes:
+        """The rest of the body at once (a JSON answer, read whole by the caller)."""
+        conn, timeout = self._conn, self._timeout
+        first = await conn.next_chunk(timeout)
+        if not first:
+            return b""
+        parts = [first]
+        while chunk := await conn.next_chunk(timeout):
+            parts.append(chunk)
+        return first if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self) -> None:
         if self._open:
             self._open = False
             self._pool.release(self._conn)
+
+
+class _Chunks:
+    """The chunks of one answer's body as they arrive (``async for`` over an UpstreamBody)."""
+
+    __slots__ = ("_conn", "_timeout")
+
+    def __init__(self, conn: _Connection, timeout: float | None) -> None:
+        self._conn, self._timeout = conn, timeout
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        chunk = await self._conn.next_chunk(self._timeout)
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):

@@ -78,7 +78,17 @@ def raw_chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
 
 
 async def read_raw(upstream: httpx.Response) -> bytes:
-    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after."""
+    """The whole body, undecoded (as :func:`raw_chunks`); ``upstream`` is closed after.
+
+    From UpstreamTransport, read and closed on its body stream directly: httpx's
+    ``Response.aclose`` only wraps the same close in a generator-based context manager."""
+    stream = upstream.stream
+    if isinstance(stream, UpstreamBody):
+        try:
+            return await stream.read()
+        finally:
+            await stream.aclose()
+            upstream.is_closed = True  # as Response.aclose leaves it
     try:
         parts = [chunk async for chunk in raw_chunks(upstream)]
     finally:
@@ -115,7 +125,7 @@ def _raw(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
 
 def returned_headers(upstream: httpx.Response) -> list[tuple[bytes, bytes]]:
     """The headers passed back, as ASGI wants them, in one pass over the engine's raw list."""
-    return [(name, value) for name, value in ((n.lower(), v) for n, v in _raw(upstream)) if name in _RETURNED_RAW]
+    return [(name, value) for n, value in _raw(upstream) if (name := n.lower()) in _RETURNED_RAW]
 
 
 def is_event_stream(upstream: httpx.Response) -> bool:
@@ -211,8 +221,13 @@ class RelayResponse(Response):
         # end of the body in one write instead of two (same bytes, one syscall less).
         body = self._upstream.stream if isinstance(self._upstream.stream, UpstreamBody) else None
         chunks, feed = self._chunks, self._continuer
-        loop = asyncio.get_running_loop()
         chunk = self._first
+        if body is not None and body.complete:  # the whole answer came with its first chunk: no wait, no idle timer
+            if feed is not None:
+                chunk = feed.feed(chunk) + feed.flush()
+            await send({"type": "http.response.body", "body": chunk, "more_body": False})
+            return "ok"
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as idle:
             while True:
                 if feed is not None:

@@ -81,6 +81,46 @@ def test_idle_and_slow_heads_are_cut_and_the_cap_is_logged(caplog):
             s.close()
 
 
+def _request(sock: socket.socket) -> bytes:
+    body = b'{"model": "m", "prompt": "hello", "max_tokens": 2}'
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%b" % (len(body), body))
+    sock.settimeout(5)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(65536)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head.split(b"\r\n", 1)[0]
+
+
+def test_a_busy_kept_alive_connection_outlives_both_deadlines_and_each_wait_is_still_cut(caplog):
+    """One timer per connection carries the head deadline and the keep-alive wait: requests
+    coming faster than either keep the connection open well past both timeouts, an idle one
+    is closed after keep-alive, a later request whose head stalls is closed by the head rule."""
+    caplog.set_level(logging.INFO, logger="router")
+    with serve_app(FakeBackend("a").app()) as backend, \
+            guarded_router(backend, ConnectionLimits(max_connections=20, header_timeout_s=0.6)) as url:
+        port = int(url.rsplit(":", 1)[1])
+        busy = socket.create_connection(("127.0.0.1", port))
+        until = time.monotonic() + 2.5  # > timeout_keep_alive (1 s) and > header_timeout_s
+        while time.monotonic() < until:
+            assert _request(busy) == b"HTTP/1.1 200 OK"
+            time.sleep(0.25)
+        started = time.monotonic()
+        assert closed_by_peer(busy, 3)  # idle after its answer: cut by the keep-alive wait ...
+        assert 0.5 < time.monotonic() - started < 2.5  # ... about 1 s later
+        stalled = socket.create_connection(("127.0.0.1", port))
+        assert _request(stalled) == b"HTTP/1.1 200 OK"
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\n")  # the next head begins, never ends
+        assert closed_by_peer(stalled, 3)
+        assert any("no complete request head" in r.getMessage() for r in caplog.records)
+        busy.close()
+        stalled.close()
+
+
 def test_the_cap_stays_below_the_file_limit():
     import resource
 

@@ -105,3 +105,16 @@ async def test_uvicorns_checks_hold():
     with pytest.raises(RuntimeError, match="Expected ASGI message 'http.response.start'"):
         await c.send(JSON[1])
     assert transport.writes == []
+
+
+@pytest.mark.parametrize("bad, match", [((b"x-ok", b"1\x00"), "header value"), ((b"x bad", b"1"), "header name"),
+                                        ((b"x-ok", b"a\nb"), "header value"), ((b"x(a)", b"1"), "header name")])
+async def test_a_bad_header_anywhere_in_the_list_is_refused_and_nothing_is_written(bad, match):
+    headers = [(b"content-type", b"application/json"), bad, (b"content-length", b"2")]
+    c, transport, _ = cycle(FastCycle)
+    with pytest.raises(RuntimeError, match=match):
+        await c.send({"type": "http.response.start", "status": 200, "headers": headers})
+    c2, transport2, _ = cycle(FastCycle)
+    with pytest.raises(RuntimeError, match=match):
+        await c2.write_whole(200, headers, b"{}")
+    assert transport.writes == transport2.writes == []
