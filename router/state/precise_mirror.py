@@ -214,6 +214,11 @@ class MirrorTable(BlockTable):
             return pos
         return end
 
+    def holds(self, key: int) -> bool:
+        """``BlockTable.holds`` on the mirrored sets (the base reads the refcounts, which a
+        mirror has none of: candidate pruning saw no precise holder with the sidecar on)."""
+        return key in self._held_gpu or key in self._held_offload
+
     def clear(self) -> None:
         """Forget everything (the sidecar that filled it is gone)."""
         self._held_gpu.clear()
