@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:
-        write_section(SECTION, "python loadtests/kv_flood.py --write", out)
+        write_section(SECTION, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
     return 0
 
 

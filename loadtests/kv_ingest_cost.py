@@ -9,6 +9,7 @@ who else runs, so two versions of the code can be compared run against run:
 
     python loadtests/kv_ingest_cost.py                      # this tree
     python loadtests/kv_ingest_cost.py --source /other/tree # another checkout, same flood
+    python loadtests/kv_ingest_cost.py --no-sockets         # decode and apply in one process
 """
 
 from __future__ import annotations
@@ -75,22 +76,64 @@ async def measure(rate: int, seconds: float) -> dict[str, float]:
             "loop_us": loop_s / events * 1e6, "sidecar_core": side_s / wall}
 
 
+def no_sockets(repeats: int = 5) -> dict[str, float]:
+    """CPU µs per event of the flood's messages in this process, best of ``repeats``: the
+    sidecar's path (decode, keys, ``TrackedTable``, a delta every 31 messages: 10 ms at
+    100k/s) and the in-process one (``BlockTable``, no deltas)."""
+    from loadtests.kv_flood import PER_MESSAGE, flood_payloads
+    from router.kvevents.apply import TableWriter
+    from router.kvevents.sidecar_wire import encode_delta
+    from router.kvevents.wire import decode_batch
+    from router.state import precise_mirror
+    from router.state.precise import BlockTable
+
+    payloads = flood_payloads()
+    out: dict[str, float] = {}
+    for name, factory in (("sidecar_path_us", precise_mirror.TrackedTable), ("in_process_us", BlockTable)):
+        table = factory(1_000_000)
+        writer = TableWriter(table, "m", 16)
+        take = getattr(table, "take_delta", None)
+        for payload in payloads:  # warm: the table reaches its steady size
+            writer.apply_raw(decode_batch(payload)[1])
+        if take is not None:
+            take()
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.process_time()
+            for i, payload in enumerate(payloads):
+                writer.apply_raw(decode_batch(payload)[1])
+                table.fresh = True
+                if take is not None and i % 31 == 30:
+                    encode_delta("z0", 0, take(), 1)
+            best = min(best, time.process_time() - t0)
+        out[name] = best / (len(payloads) * PER_MESSAGE) * 1e6
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=int, default=100_000, help="events/s offered")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--source", type=Path, default=ROOT, help="the tree whose router (and sidecar) to measure")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--no-sockets", action="store_true",
+                   help="decode and apply in one process instead (sidecar path and in-process path)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:  # one run, in an interpreter whose path starts with the measured tree
-        print(json.dumps(asyncio.run(measure(args.rate, args.seconds))))
+        print(json.dumps(no_sockets() if args.no_sockets else asyncio.run(measure(args.rate, args.seconds))))
         return 0
     source = str(args.source.resolve())
     env = {**os.environ, "PYTHONPATH": source}  # the sidecar the child starts inherits it
-    argv_child = [sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds", str(args.seconds)]
+    argv_child = [sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds", str(args.seconds),
+                  *(["--no-sockets"] if args.no_sockets else [])]
     runs = [json.loads(subprocess.run(argv_child, env=env, cwd=source, check=True, capture_output=True,
                                       text=True).stdout.splitlines()[-1]) for _ in range(args.runs)]
+    if args.no_sockets:
+        print(f"{source}: without sockets, best of 5 per run, load average {os.getloadavg()[0]:.1f}: sidecar path "
+              f"{', '.join(format(r['sidecar_path_us'], '.2f') for r in runs)} µs of CPU per event; in-process "
+              f"{', '.join(format(r['in_process_us'], '.2f') for r in runs)}")
+        return 0
     print(f"{source}: {args.rate:,} events/s offered, {args.runs} runs of {args.seconds:g} s, load average "
           f"{os.getloadavg()[0]:.1f}: applied {', '.join(format(r['events_per_s'], ',.0f') for r in runs)} events/s; "
           f"sidecar {', '.join(format(r['sidecar_us'], '.2f') for r in runs)} µs of CPU per event "
