@@ -30,10 +30,10 @@ async def measure(rate: int, seconds: float) -> dict[str, float]:
     import httpx
 
     from loadtests.kv_events_bench import _cpu_s, _flood
-    from loadtests.kv_flood_rounds import children
     from router.config.model import load_config
     from router.core.instances import InstancePool
     from router.kvevents import precise_store
+    from router.kvevents.sidecar import SidecarIngest
     from router.state.memory import MemoryStore
     from router.tools.process import free_port
 
@@ -44,7 +44,7 @@ async def measure(rate: int, seconds: float) -> dict[str, float]:
         "kv_events": {"enabled": True, "discover": False, "sidecar": True, "sidecar_nice": 0,
                       "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}})  # the engine binds
     _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"z0": 8}))
-    assert ingest is not None
+    assert isinstance(ingest, SidecarIngest)
 
     def applied() -> int:
         return sum(s.writer.counters.events for s in ingest.sources)
@@ -53,7 +53,8 @@ async def measure(rate: int, seconds: float) -> dict[str, float]:
         await ingest.start(client)
         try:
             await ingest.wait_subscribed()
-            side = children(os.getpid())[0]
+            side = ingest.pid  # not children(): a test process has others (redis-server)
+            assert side is not None
             flood = await asyncio.to_thread(_flood, port, rate, seconds)
             await asyncio.sleep(0.5)  # the SUB connects
             assert flood.stdin is not None
