@@ -146,6 +146,7 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
+    from pathlib import Path
 
     from loadtests.kv_flood_rounds import measure
     from loadtests.machine import busy_processes, contention_note
@@ -160,7 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     p.add_argument("--rounds", type=int, default=3, help="times each cell runs, interleaved")
     p.add_argument("--write", action="store_true")
+    p.add_argument("--skip-set-updates", action="store_true",
+                   help="the router's mirrors take no key changes (loadtests/kv_flood_skip): what the flood costs "
+                        "the router besides the set updates; sidecar mode only; never with --write")
     args = p.parse_args(argv)
+    if args.skip_set_updates:
+        if args.write:
+            p.error("--skip-set-updates measures a router that drops what it is sent: not for docs/benchmarks.md")
+        skip = str(Path(__file__).resolve().parent / "kv_flood_skip")
+        os.environ["KV_FLOOD_SKIP_SET_UPDATES"] = "1"
+        os.environ["PYTHONPATH"] = os.pathsep.join(d for d in (skip, os.environ.get("PYTHONPATH")) if d)
     load = os.getloadavg()
     out = (f"{contention_note(busy_processes())} Load average at the start: {load[0]:.1f} on {os.cpu_count()} cores.\n\n"
            + describe(args.request_rate, args.rounds, args.duration)
@@ -175,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:
-        write_section(SECTION, "python loadtests/kv_flood.py --write", out)
+        write_section(SECTION, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
     return 0
 
 

@@ -274,3 +274,32 @@ def test_engine_calibration_bench_gives_the_router_only_urls_and_the_wrong_rate(
         config = load_config(overrides=engine_calibration.config(engines, 1234.0, on, 1))  # type: ignore[arg-type]
         assert config.policy.ttft.prefill_tokens_per_s == 1234.0 and config.engines.calibration.enabled is on
         assert all(i.prefill_tokens_per_s is None for i in config.instances)  # the default rate decides
+
+
+def test_kv_ingest_cost_applies_a_small_flood_and_measures_both_sides() -> None:
+    """A real sidecar and publisher: every event of a flood the sidecar easily keeps up with
+    is applied, and both CPU figures are there."""
+    from loadtests.kv_flood import PER_MESSAGE
+    from loadtests.kv_ingest_cost import measure
+
+    got = asyncio.run(measure(rate=8_000, seconds=1.0))
+    assert got["events"] >= 8_000 - PER_MESSAGE and got["sidecar_us"] > 0 and got["loop_us"] > 0
+
+
+def test_kv_flood_skip_set_updates_keeps_each_deltas_state_but_no_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    from array import array
+
+    from router.state import precise_mirror
+
+    monkeypatch.setenv("KV_FLOOD_SKIP_SET_UPDATES", "1")
+    monkeypatch.setattr(precise_mirror.MirrorTable, "apply_part", precise_mirror.MirrorTable.apply_part)  # undone after
+    path = Path(__file__).resolve().parent.parent / "loadtests" / "kv_flood_skip" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("kv_flood_skip_sitecustomize", path)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    mirror = precise_mirror.MirrorTable(10)
+    delta = precise_mirror.TableDelta(True, 3, 1, False, array("Q", [1, 2, 3]))
+    assert mirror.apply_part(delta, 0, 2) == 2 and not mirror.fresh  # the state comes with the last slice
+    assert mirror.apply_part(delta, 2, 2) == 3 and mirror.fresh and len(mirror) == 3 and mirror.overflow == 1
+    assert mirror.depth([1, 2], 0.8) == 0.0

@@ -47,6 +47,17 @@ def test_block_size_the_router_block_does_not_divide_is_refused():
     assert len(table) == 0 and w.counters.refused == 1
 
 
+@pytest.mark.parametrize("bad", [-1, 2**32, 1.5, "7", None])
+def test_a_token_id_that_is_not_a_uint32_refuses_the_event_and_stores_nothing(bad):
+    w, table = writer()
+    ids = tokens(32)
+    ids[20] = bad
+    w.apply([BlockStored((1, 2), None, ids, 16)])
+    assert len(table) == 0 and w.counters.refused == 1 and w.counters.stored_blocks == 0
+    w.apply([BlockStored((3,), None, tokens(16), 16)])  # the writer goes on
+    assert len(table) == 1
+
+
 def test_unknown_parent_is_an_orphan_and_removal_and_clear_forget():
     w, table = writer()
     prompt = tokens(48)

@@ -59,6 +59,7 @@ def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed):
         for _ in range(5):
             keys = [rng.randrange(300) for _ in range(rng.randrange(1, 6))]
             assert mirror.depth(keys, 0.8) == reference.depth(keys, 0.8)
+            assert mirror.holds(keys[0]) == reference.holds(keys[0])
     assert reference.overflow > 0  # the capacity was exercised
 
 
@@ -99,3 +100,18 @@ def test_a_clear_resets_the_mirror_before_what_follows():
 def test_a_mirror_is_never_written_like_a_table():
     with pytest.raises(TypeError):
         MirrorTable(10).store_run([1], [(1,)], GPU)
+
+
+def test_the_first_blocks_holders_are_found_in_mirrors_too():
+    """Candidate pruning asks ``EventResidency.holders``: with the sidecar on, every table
+    is a mirror, and an instance the events say holds the key must be named."""
+    from array import array
+
+    from router.state.precise import EventResidency
+    from router.state.precise_mirror import TableDelta
+
+    residency = EventResidency(100, factory=MirrorTable)
+    residency.table("a").apply(TableDelta(True, 1, 0, False, array("Q", [42])))
+    residency.table("b").apply(TableDelta(True, 1, 0, False, added_offload=array("Q", [42])))
+    residency.table("c").apply(TableDelta(True, 1, 0, False, array("Q", [7])))
+    assert residency.holders(42) == ["a", "b"]
