@@ -158,3 +158,31 @@ async def test_replicas_book_one_union_and_a_crashed_replicas_pins_expire(redis_
     finally:
         await alive.close()
         await crashed.close()
+
+
+class Counting(Pinning):
+    revised = 0
+
+    def revise(self, snap: Snapshot, booking: Booking) -> None:
+        Counting.revised += 1
+        return None
+
+
+async def test_the_replica_mirror_takes_a_pinning_booking_back_out_exactly(redis_target, key_prefix):
+    # A Redis store revises a decision when the shared view differs from the one chosen on;
+    # the mirror's view without the new booking must give back exactly that view, pinned
+    # blocks included, or every decision that pins a new prefix would be revised.
+    url, cluster = redis_target
+    store = RedisStore(url, {"a": 8, "b": 8, "c": 8}, key_prefix=key_prefix, cluster=cluster)
+    await store.start()
+    try:
+        Counting.revised = 0
+        bookings = [(await store.decide(keys, INSTANCES, Counting(f"r{n}", keys)))[1]
+                    for n, keys in enumerate(([1, 2, 3], [1, 2, 3, 4], [7, 8]))]
+        assert Counting.revised == 0 and store.corrections == 0
+        assert store._mirror.load_of("a").kv_tokens == await kv(store) == 6 * BLOCK + 3 * OWN
+        for booking in bookings:
+            await store.release(booking)
+        assert store._mirror.load_of("a").kv_tokens == await kv(store) == 0
+    finally:
+        await store.close()
