@@ -5,7 +5,7 @@
                    + others' work sharing the step of the last chunk (chunked prefill)
     prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
     interference = per-request delay * requests in flight (decode steps share the GPU)
-    admission    = wait for KV room: the deficit over the rate running requests free KV
+    admission    = wait for KV room: until enough running requests end to free the deficit
 
 The attention term is the quadratic part of transformer prefill FLOPs: computing tokens
 c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates are per
@@ -15,16 +15,17 @@ With a shared KV store, the prefill is the cheaper of computing what the instanc
 loading what the store holds while computing the rest (store_cost.py).
 
 Why admission: an engine admits a request only when its KV cache has room for it, so on
-an instance whose booked KV (prompt + output of the requests in flight, less the prefix
-each found cached) is full, the request waits for running requests to finish however
-short its prefill queue is. Without this term a pool of small caches looks idle to the
-estimate while least-loaded routing (which spreads KV by spreading requests) wins. Each
-running request holds ``kv / requests`` tokens and is taken to end after about half this
-request's output in decode steps; the deficit is what must be freed (at most all of it).
+an instance whose booked KV (the union of the blocks its requests in flight hold, plus
+each one's tail and output: state/pins.py) is full, the request waits for running
+requests to finish however short its prefill queue is. Without this term a pool of small
+caches looks idle to the estimate while least-loaded routing (which spreads KV by
+spreading requests) wins. Each running request holds ``kv / requests`` tokens; the wait is
+for as many whole requests to end as free the deficit (``admission_wait``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from router.config.model import TTFTWeights
@@ -108,12 +109,21 @@ def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:
 def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, max_tokens: int,
                    weights: TTFTWeights) -> float:
     """Seconds until ``need`` KV tokens fit next to the ``kv_tokens`` booked by ``requests``
-    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room)."""
+    running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room).
+
+    An engine frees KV a request at a time, not continuously: the deficit is room once
+    m = ceil(deficit / (kv / requests)) of the k running requests have ended (at most all k).
+    Their remaining lifetimes taken as uniform over an output's decode steps, the m-th of k
+    ends after m / (k + 1) of them (the m-th order statistic's mean). Pricing the freeing as
+    continuous said a deficit of a few tokens costs a few tokens' worth of steps, where the
+    engine waits for a whole request to end."""
     deficit = kv_tokens + need - capacity
     if deficit <= 0 or kv_tokens <= 0:
         return 0.0
-    lifetime = max(1.0, max_tokens / 2) * (weights.decode_step_s + weights.decode_interference_s * requests)
-    return lifetime * min(1.0, deficit / kv_tokens)
+    k = requests if requests > 0 else 1
+    m = min(k, math.ceil(deficit * k / kv_tokens))
+    steps = max(1.0, float(max_tokens))
+    return m / (k + 1) * steps * (weights.decode_step_s + weights.decode_interference_s * requests)
 
 
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: float = 1.0) -> TTFTTerms:

@@ -19,11 +19,14 @@ from router.state.store_tier import StoreTier
 def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Booking:
     """Legs of a decision: the answering instance first, then a remote prefill (transient).
 
-    KV booked on an instance that prefills locally is what the request adds to its cache:
-    the prefix it finds there is shared with whoever else holds it, as engines share
-    cached blocks, so booking the whole prompt per request would count one tenant's
-    prefix once per request in flight and make its home look full. A decode instance fed
-    by a remote prefill books the whole prompt it receives."""
+    An instance that prefills locally shares the prompt's blocks with every other request
+    in flight there that holds them, as engines share cached blocks: its leg pins the
+    block keys (the store books the union of the blocks in flight per instance, pins.py)
+    and books as its own only the prompt's tail beyond them and its output. Booking the
+    whole prompt per request would count one tenant's prefix once per request in flight;
+    booking what the request adds (prompt - cached) would lose the prefix from the booked
+    KV as soon as the request that brought it ends while its sharers still hold it. A
+    decode instance fed by a remote prefill books the whole prompt it receives."""
     kv = req.prompt_tokens + req.max_tokens
 
     def uncached(instance: str) -> int:
@@ -35,8 +38,9 @@ def booking_for(req: RouteRequest, decision: Decision, snap: Snapshot) -> Bookin
         return uncached(instance)
 
     if decision.prefill is None:
-        own = uncached(decision.instance) + req.max_tokens
-        return Booking.single(req.id, decision.instance, queued(decision.instance), own, req.keys)
+        tail = max(0, req.prompt_tokens - len(req.keys) * req.block_tokens)
+        return Booking.single(req.id, decision.instance, queued(decision.instance), tail + req.max_tokens, req.keys,
+                              req.block_tokens if req.keys else 0)
     terms = decision.terms.get(route_key(decision.instance, decision.prefill)) or {}
     nbytes = int(terms.get("transfer_bytes", 0))  # booked per NIC: both ends carry them
     legs = (Leg(decision.instance, 0, kv, 1, nbytes),

@@ -11,6 +11,7 @@ load and KV scores at the answering one (D).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import ceil
 
 from router.config.model import TTFTWeights
 from router.scheduling.cost import colocated_ttft, prefill_work
@@ -113,7 +114,7 @@ class TTFTScorer:
         chunk = w.prefill_chunk_tokens
         prompt, block, output = req.prompt_tokens, req.block_tokens, req.max_tokens
         full = attention * prompt * prompt / 2
-        steps = max(1.0, output / 2)
+        steps = max(1.0, float(output))  # an output's decode steps
         out = []
         for cand, matched, load, prefill, _, conf, _ in routes:
             if prefill is not None:
@@ -138,10 +139,13 @@ class TTFTScorer:
                    + full - attention * cached * cached / 2
                    + interference * load.requests)
             kv = load.kv_tokens
-            if kv:  # cost.admission_wait, inlined
+            if kv:  # cost.admission_wait, inlined: whole requests end
                 deficit = kv + prompt - cached + output - cand.cache_tokens
                 if deficit > 0:
-                    est += steps * (w.decode_step_s + interference * load.requests) * (deficit / kv if deficit < kv else 1.0)
+                    k = load.requests or 1
+                    ending = ceil(deficit * k / kv)
+                    est += ((ending if ending < k else k) / (k + 1) * steps
+                            * (w.decode_step_s + interference * load.requests))
             out.append(est)
         return out
 

@@ -23,7 +23,7 @@ class Load:
 
     requests: int = 0  # requests in flight
     prefill_tokens: int = 0  # queued prefill not yet done, in tokens (work-equivalent for ttft); released at first byte
-    kv_tokens: int = 0  # prompt + output tokens of requests in flight (released at the end)
+    kv_tokens: int = 0  # KV of requests in flight: the union of their pinned blocks + what each holds alone (released at the end)
     transfers: int = 0  # KV transfers in flight into or out of the instance (released at first byte)
     transfer_bytes: int = 0  # KV bytes those transfers move over the instance's NIC (link-aware booking)
     # seconds the instance has been computing the head of its queued prefill: since that
@@ -80,6 +80,10 @@ class Leg:
     transfers: int = 0
     transfer_bytes: int = 0
     transient: bool = False  # a remote prefill leg: wholly released at the first byte
+    # tokens per block of the booking's keys, which this leg pins on its instance (a colocated
+    # leg: pins.py): each block counted once there while any booking holding it is in flight,
+    # on top of ``kv_tokens`` (what the request holds alone); 0 pins nothing
+    block_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,13 @@ class Booking:
     keys: tuple[int, ...] = ()
 
     @classmethod
-    def single(cls, id: str, instance: str, prefill_tokens: int, kv_tokens: int, keys: Sequence[int] = ()) -> "Booking":
+    def single(cls, id: str, instance: str, prefill_tokens: int, kv_tokens: int, keys: Sequence[int] = (),
+               block_tokens: int = 0) -> "Booking":
         """One leg: what every colocated decision books, so built without the frozen
         ``__init__``s' ``object.__setattr__`` per field (0.5 vs 1.3 us)."""
         leg = object.__new__(Leg)
         leg.__dict__.update(instance=instance, prefill_tokens=prefill_tokens, kv_tokens=kv_tokens, transfers=0,
-                            transfer_bytes=0, transient=False)
+                            transfer_bytes=0, transient=False, block_tokens=block_tokens)
         out = object.__new__(cls)
         out.__dict__.update(id=id, legs=(leg,), keys=tuple(keys))
         return out

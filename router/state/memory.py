@@ -1,7 +1,10 @@
 """The embedded default store: one router process, no network.
 
 Every method runs without yielding to the event loop, so a decision (look up, choose,
-book) is atomic with respect to every other request in the process.
+book) is atomic with respect to every other request in the process. A leg that pins its
+prompt's blocks (``Leg.block_tokens``) books the union of the blocks in flight on its
+instance (pins.py): a block's tokens are added when its first holder books and taken
+back when its last holder releases.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from router.state.base import Booking, Chooser, Leg, Load, Snapshot, StateStore
 from router.state.load_index import LoadIndex
+from router.state.pins import PinCounts
 from router.state.residency import ResidencyIndex
 
 
@@ -40,6 +44,11 @@ class MemoryStore(StateStore):
         # FCFS prefill per instance: booking id -> queued work, oldest first; and the head's (id, start, work)
         self._queues: dict[str, dict[str, int]] = {}
         self._heads: dict[str, tuple[str, float, int]] = {}
+        # per instance, the blocks pinned by its bookings in flight (one table per instance life:
+        # dropped with the instance, each at most its cap of keys); per booking that pinned
+        # any, per leg: (the table it pinned in, keys pinned, KV the leg booked in all)
+        self._pins: dict[str, PinCounts] = {}
+        self._pinned: dict[str, list[tuple[PinCounts, int, int] | None]] = {}
 
     # -- reads ---------------------------------------------------------------------------
     def snapshot_now(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
@@ -82,10 +91,45 @@ class MemoryStore(StateStore):
         if booking.id in self._bookings:
             return
         self._bookings[booking.id] = booking
-        for leg in booking.legs:
-            self._add(leg.instance, 1, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes, bid=booking.id)
+        for i, leg in enumerate(booking.legs):
+            kv = leg.kv_tokens
+            if leg.block_tokens and booking.keys:
+                kv = self._pin(booking, i, leg)
+            self._add(leg.instance, 1, leg.prefill_tokens, kv, leg.transfers, leg.transfer_bytes, bid=booking.id)
             if booking.keys:
                 self.record_residency(leg.instance, booking.keys)
+
+    def _pin(self, booking: Booking, i: int, leg: Leg) -> int:
+        """Pin the booking's blocks on the leg's instance; the KV the leg books: its own,
+        the blocks no booking held there before, and those the cap left unpinned."""
+        table = self._pins.get(leg.instance)
+        if table is None:
+            table = self._pins[leg.instance] = PinCounts(self._caps.get(leg.instance, self._default_cap))
+        n, new = table.pin(booking.keys)
+        kv = leg.kv_tokens + (len(booking.keys) - n + new) * leg.block_tokens
+        legs = self._pinned.setdefault(booking.id, [None] * len(booking.legs))
+        legs[i] = (table, n, kv)
+        return kv
+
+    def booked_kv(self, booking: Booking) -> dict[str, int]:
+        """instance -> the KV ``booking`` added there when it was booked (for a pinning leg,
+        not its ``kv_tokens``: the blocks it was the first to pin too)."""
+        pinned = self._pinned.get(booking.id) or [None] * len(booking.legs)
+        return {leg.instance: (leg.kv_tokens if rec is None else rec[2]) for leg, rec in zip(booking.legs, pinned)}
+
+    def _unpin(self, booking: Booking, i: int, leg: Leg) -> int | None:
+        """Release the leg's pins; the KV to take back: its own, the blocks the cap left
+        unpinned, and those no booking holds any more. None when the instance was dropped
+        since (its table with it: a new life has a new table): its booked load went with it."""
+        legs = self._pinned.get(booking.id)
+        rec = legs[i] if legs is not None else None
+        if rec is None:
+            return leg.kv_tokens
+        table, n, _ = rec
+        freed = table.unpin(booking.keys[:n])
+        if self._pins.get(leg.instance) is not table:
+            return None
+        return leg.kv_tokens + (len(booking.keys) - n + freed) * leg.block_tokens
 
     def record_residency(self, instance: str, keys: Sequence[int]) -> None:
         cap = self._caps.get(instance, self._default_cap)
@@ -121,12 +165,15 @@ class MemoryStore(StateStore):
             return
         prefilled = booking.id in self._prefilled
         self._prefilled.discard(booking.id)
-        for leg in booking.legs:
+        for i, leg in enumerate(booking.legs):
             if prefilled and leg.transient:
                 continue  # released at the first byte
             pf, tx, tb = (0, 0, 0) if prefilled else (self._queued_work(booking.id, leg), leg.transfers, leg.transfer_bytes)
-            self._add(leg.instance, 1, pf, leg.kv_tokens, tx, tb, sign=-1, bid=booking.id)
+            kv = self._unpin(booking, i, leg) if leg.block_tokens else leg.kv_tokens
+            if kv is not None:
+                self._add(leg.instance, 1, pf, kv, tx, tb, sign=-1, bid=booking.id)
         self._legs_done.discard(booking.id)
+        self._pinned.pop(booking.id, None)
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self.release(booking)
@@ -138,12 +185,16 @@ class MemoryStore(StateStore):
 
     def set_capacity(self, instance: str, cap: int) -> None:
         self._caps[instance] = cap
+        table = self._pins.get(instance)
+        if table is not None:  # pins above a lowered cap stay until released; no new key is pinned meanwhile
+            table.cap = cap
 
     async def drop_instance(self, instance: str) -> None:
         self._residency.forget(instance)
         self._loads.pop(instance, None)
         self._queues.pop(instance, None)
         self._heads.pop(instance, None)
+        self._pins.pop(instance, None)  # its bookings still in flight release into the detached table
         self._index.update(instance, None)
         self._caps.pop(instance, None)
 

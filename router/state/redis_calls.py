@@ -83,7 +83,9 @@ def cluster_client(url: str, **opts: Any) -> aioredis.RedisCluster:
 
 
 def script_source() -> str:
-    return (resources.files("router.state") / "lua" / "ops.lua").read_text()
+    """lua/pins.lua then lua/ops.lua, as one script (the second calls the first's functions)."""
+    lua = resources.files("router.state") / "lua"
+    return (lua / "pins.lua").read_text() + "\n" + (lua / "ops.lua").read_text()
 
 
 def _encode(ops: Sequence[Op]) -> tuple[list[str], list[Arg]]:

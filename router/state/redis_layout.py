@@ -11,7 +11,8 @@ state falls into two kinds of shard, each a hash tag of its own (lua/ops.lua lis
 - **Instance shards** ``{P:i<n>}``, n = xxh64(instance) mod ``instance_shards``: booked load,
   the load-key sorted set that candidate pruning reads, bookings (each shard keeps its own
   legs of a booking), leases, and each instance's LRU of residency entries (capacity is
-  per instance, so its eviction order must live with the instance, not the prompt).
+  per instance, so its eviction order must live with the instance, not the prompt), and the
+  blocks pinned by each instance's bookings in flight (its booked KV is their union: pins.py).
 
 A decision therefore touches a bounded number of slots: one residency shard, plus the
 instance shards of its candidates (at most ``instance_shards``; with candidate pruning a
@@ -88,7 +89,7 @@ class Layout:
         return self.instance_tag(instance) + ":lru:" + instance
 
     def _shard_keys(self, tag: str) -> list[str]:
-        return [tag + ":loads", tag + ":lz", tag + ":bk", tag + ":leases"]
+        return [tag + ":loads", tag + ":lz", tag + ":bk", tag + ":leases", tag + ":pin"]
 
     def members(self, keys: Sequence[int]) -> list[str]:
         """LRU members of a prompt's blocks: residency shard and block key (16 hex digits)."""
@@ -157,7 +158,7 @@ class Layout:
         args: list[Arg] = [booking_id, lease_ms, request_tokens, len(read), *read, low, len(legs)]
         for leg, cap in zip(legs, caps):
             args += [leg.instance, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes,
-                     int(leg.transient), cap]
+                     int(leg.transient), cap, leg.block_tokens]
         recorded = bool(keys and legs)
         args += [self.residency_shard(keys[0]) if recorded else -1,
                  (hex_keys or self.hex_blocks(keys)) if recorded else ""]
@@ -176,4 +177,4 @@ class Layout:
 
     def forget(self, instance: str, drop_load: bool) -> Op:
         tag = self.instance_tag(instance)
-        return Op("F", tag, [self.lru_key(instance), tag + ":loads", tag + ":lz"], [instance, int(drop_load)])
+        return Op("F", tag, [self.lru_key(instance), tag + ":loads", tag + ":lz", tag + ":pin"], [instance, int(drop_load)])

@@ -301,7 +301,8 @@ class RedisStore(StateStore):
         """Per instance, the larger of this replica's own bookings and the shared view
         (redis_views.merged_loads); confidence (LRU position) and cache room stay this
         replica's mirror's."""
-        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus), snap.confidence, snap.room)
+        kv = self._mirror.booked_kv(minus) if minus is not None else None
+        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus, kv), snap.confidence, snap.room)
 
     async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the

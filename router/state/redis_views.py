@@ -59,19 +59,23 @@ def shard_reads(layout: Layout, instances: Sequence[str], booking: Booking | Non
     return shards
 
 
-def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], minus: Booking | None = None) -> dict[str, Load]:
+def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], minus: Booking | None = None,
+                 minus_kv: Mapping[str, int] | None = None) -> dict[str, Load]:
     """Per instance, the field-wise max of this replica's own bookings and the shared view.
 
     Own bookings reach Redis one round trip late, the shared view lacks those still in
     flight; the max is a lower bound of the truth that sees both. ``minus``: a booking of
-    this replica's own that the shared view does not hold yet, taken out of ``own``."""
+    this replica's own that the shared view does not hold yet, taken out of ``own``;
+    ``minus_kv``: the KV it added per instance, where that is not its legs' ``kv_tokens``
+    (a leg that pins blocks adds those no other booking held: MemoryStore.booked_kv)."""
     legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
+    kvs = minus_kv or {}
     loads = {}
     for inst, mine in own.items():
         leg = legs.get(inst)
         if leg is not None:
             mine = Load(max(0, mine.requests - 1), max(0, mine.prefill_tokens - leg.prefill_tokens),
-                        max(0, mine.kv_tokens - leg.kv_tokens), max(0, mine.transfers - leg.transfers),
+                        max(0, mine.kv_tokens - kvs.get(inst, leg.kv_tokens)), max(0, mine.transfers - leg.transfers),
                         max(0, mine.transfer_bytes - leg.transfer_bytes))
         other = remote.get(inst, _IDLE)
         loads[inst] = mine if other is _IDLE or other == mine else merged(mine, other)

@@ -1,5 +1,7 @@
 """The wait for KV room in the colocated TTFT estimate, and the KV a colocated request books."""
 
+import pytest
+
 from router.config.model import TTFTWeights
 from router.core.instances import Candidate
 from router.scheduling.cost import admission_wait, colocated_ttft
@@ -21,8 +23,9 @@ def test_a_full_cache_delays_the_estimate_even_with_an_empty_prefill_queue():
     full, roomy = build_views(cands, snap)
     t_full, t_roomy = colocated_ttft(_req(), full, W), colocated_ttft(_req(), roomy, W)
     assert t_roomy.admission_s == 0.0 and t_full.admission_s > 0.0
-    # 7000 + 2100 - 8000 = 1100 tokens must be freed by requests holding 7000, each ending ~50 steps out
-    assert abs(t_full.admission_s - 50 * 0.01 * 1100 / 7000) < 1e-12
+    # 7000 + 2100 - 8000 = 1100 tokens must be freed; each of the 3 running holds ~2333: the
+    # first of them to end frees it, after 1/4 of an output's 100 steps
+    assert t_full.admission_s == pytest.approx(1 / 4 * 100 * 0.01)
     assert TTFTScorer(W).score(_req(), [full, roomy]) == [t_roomy.total_s / t_full.total_s, 1.0]
 
 
@@ -36,12 +39,37 @@ def test_the_cached_prefix_needs_no_new_room():
 def test_nothing_running_means_no_wait_and_the_wait_is_bounded():
     assert admission_wait(0, 0, 10**6, 1000, 100, W) == 0.0  # nothing can free room: the engine will refuse it
     assert admission_wait(1000, 1, 10**6, 1000, 100, W) == 50 * 0.01  # at most everything running ends
+    assert admission_wait(4000, 4, 10**6, 4000, 100, W) == pytest.approx(4 / 5 * 100 * 0.01)  # the last of 4
 
 
-def test_a_colocated_request_books_only_the_kv_it_adds():
+def test_the_wait_is_for_whole_requests_to_end():
+    # 4 running requests hold 1000 tokens each in a 4000-token cache: a deficit of one token
+    # waits for the first of them to end (1/5 of an output's steps), as long as a deficit of
+    # 1000; one of 1001 waits for the second (2/5): the engine frees KV a request at a time
+    one = admission_wait(4000, 4, 1, 4000, 100, W)
+    assert one == pytest.approx(1 / 5 * 100 * 0.01)
+    assert admission_wait(4000, 4, 1000, 4000, 100, W) == pytest.approx(one)
+    assert admission_wait(4000, 4, 1001, 4000, 100, W) == pytest.approx(2 / 5 * 100 * 0.01)
+    # a continuous freeing would have priced the one-token deficit at almost nothing
+    assert one > 100 * 0.01 * 1 / 4000 * 10
+
+
+def test_the_inlined_wait_agrees_with_the_cost_model_on_full_caches():
+    scorer = TTFTScorer(W)
     req = _req(2000, 100)
+    for requests, kv in ((1, 7000), (3, 7000), (4, 7999), (7, 6001), (0, 500)):
+        (view,) = build_views([Candidate("a", cache_tokens=8000)], Snapshot({"a": 3}, {"a": Load(requests, kv_tokens=kv)}))
+        assert scorer.estimates(req, [view]) == pytest.approx([colocated_ttft(req, view, W).total_s])
+
+
+def test_a_colocated_request_pins_its_blocks_and_books_its_tail_and_output():
+    req = RouteRequest("r", tuple(range(19)), 2050, 100, 100)  # 19 full blocks, a 150-token tail
     snap = Snapshot({"a": 15}, {})
     booking = booking_for(req, Decision("a", frozenset({"a"}), "score"), snap)
-    assert booking.legs[0].kv_tokens == 500 + 100  # its 1500 cached tokens are shared with whoever holds them
+    # its blocks are shared with whoever else in flight there holds them (the store books their union)
+    assert booking.legs[0].kv_tokens == 150 + 100 and booking.legs[0].block_tokens == 100
+    assert booking.keys == req.keys
+    bare = booking_for(RouteRequest("r", (), 50, 100, 100), Decision("a", frozenset({"a"}), "score"), snap)
+    assert bare.legs[0].kv_tokens == 150 and bare.legs[0].block_tokens == 0  # no keys: nothing to share
     pd = booking_for(req, Decision("d", frozenset({"d<-p"}), "score", prefill="p", mode="disaggregated"), snap)
-    assert pd.legs[0].kv_tokens == 2100  # a decode instance receives the whole prompt
+    assert pd.legs[0].kv_tokens == 2150 and pd.legs[0].block_tokens == 0  # a decode instance receives the whole prompt

@@ -53,11 +53,13 @@ def test_the_inlined_estimate_keeps_agreeing_with_the_cost_model():
     scorer = TTFTScorer(W)
     for _ in range(300):
         views = [View(Candidate(f"i{k}", prefill_tokens_per_s=rng.choice([None, 5000.0, 20000.0]),
-                                role=rng.choice(["mixed", "prefill"])), rng.randint(0, 20),
-                      Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]), prefill_started_s=rng.uniform(0, 2),
-                           prefill_head_tokens=rng.randint(0, 20_000)),
+                                role=rng.choice(["mixed", "prefill"]), cache_tokens=rng.choice([8192, 40_000])),
+                      rng.randint(0, 20),
+                      Load(rng.randint(0, 4), rng.choice([0, rng.randint(1, 40_000)]),
+                           rng.choice([0, rng.randint(1, 60_000)]),  # booked KV: the admission wait too
+                           prefill_started_s=rng.uniform(0, 2), prefill_head_tokens=rng.randint(0, 20_000)),
                       confidence=rng.uniform(0.3, 1.0)) for k in range(4)]
-        req = RouteRequest("r", tuple(range(20)), rng.randint(1, 30_000), 16, 64)
+        req = RouteRequest("r", tuple(range(20)), rng.randint(1, 30_000), rng.choice([16, 300]), 64)
         assert scorer.estimates(req, views) == pytest.approx([colocated_ttft(req, v, W).total_s for v in views])
 
 

@@ -4,7 +4,8 @@
 -- Each op touches the keys of one shard (one hash tag, so one Cluster slot). The store
 -- sends the ops of one decision in one call to a standalone Redis and in one call per
 -- slot, pipelined, to a Cluster (router/state/redis_layout.py describes the key layout).
--- The reply is one entry per op, in order.
+-- The reply is one entry per op, in order. pins.lua (sent in front of this file) holds the
+-- batched hash helpers and the pinned-block counts.
 --
 -- Residency shard {P:r<n>} (prompts whose first block key is n modulo the shard count):
 --   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms)
@@ -13,7 +14,10 @@
 --   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
 --   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + this shard's legs (\30 between legs, \31 between fields)
+--                   [+ \29 + the prompt's block keys, 16 hex digits each, when a leg pins them]
 --   :leases         zset booking id -> lease expiry (ms)
+--   :pin            hash of the blocks pinned by bookings in flight (router/state/pins.py): <inst> -> "<epoch>:<distinct
+--                   blocks pinned>"; <inst>\31<epoch>\31<block hex> -> bookings in flight holding it; \30 -> epoch sequence
 --   :lru:<inst>     zset "<residency shard>:<block key, 16 hex digits>" -> recency, capped at the capacity
 --   :seq            recency sequence
 
@@ -64,15 +68,20 @@ local function add_load(S, inst, req, pf, kv, tx, tb)
   end
 end
 
+-- A booking's legs: {inst, prefill, kv, transfers, transfer_bytes, transient, block tokens,
+-- pin epoch, blocks pinned}, and the block keys (hex) its pinning legs pinned.
 local function legs_of(packed)
   local legs = {}
-  for leg in string.gmatch(string.sub(packed, 2), '[^\30]+') do
+  local cut = string.find(packed, '\29', 2, true)
+  local body = cut and string.sub(packed, 2, cut - 1) or string.sub(packed, 2)
+  for leg in string.gmatch(body, '[^\30]+') do
     local f = {}
     for x in string.gmatch(leg, '[^\31]+') do f[#f + 1] = x end
-    legs[#legs + 1] = {f[1], tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0, f[6] == '1'}
+    legs[#legs + 1] = {f[1], tonumber(f[2]) or 0, tonumber(f[3]) or 0, tonumber(f[4]) or 0, tonumber(f[5]) or 0, f[6] == '1',
+                       tonumber(f[7]) or 0, f[8] or '', tonumber(f[9]) or 0}
   end
   local flag = string.sub(packed, 1, 1)
-  return flag == '1', legs, flag == '2'
+  return flag == '1', legs, flag == '2', cut and string.sub(packed, cut + 1) or ''
 end
 
 -- The (negative) prefill work a leg still has booked: none for a remote prefill leg whose
@@ -86,12 +95,18 @@ local function drop(S, id)
   redis.call('ZREM', S.leases, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed then return 0 end
-  local done, legs, leg_done = legs_of(packed)
+  local done, legs, leg_done, hex = legs_of(packed)
   for _, l in ipairs(legs) do
-    if not done then
-      add_load(S, l[1], -1, queued_work(l, leg_done), -l[3], -l[4], -l[5])
+    local kv, freed = l[3], 0
+    if l[7] > 0 then
+      freed = unpin(S, l[1], l[8], hex, l[9])
+      kv = kv + math.max(0, freed) * l[7]
+    end
+    if freed < 0 then  -- pinned in a life of the instance that ended with it: nothing booked to release
+    elseif not done then
+      add_load(S, l[1], -1, queued_work(l, leg_done), -kv, -l[4], -l[5])
     elseif not l[6] then
-      add_load(S, l[1], -1, 0, -l[3], 0, 0)
+      add_load(S, l[1], -1, 0, -kv, 0, 0)
     end
   end
   redis.call('HDEL', S.bk, id)
@@ -135,15 +150,8 @@ local function sweep(S)
 end
 
 local function shard(k0, rt)
-  return {loads = KEYS[k0], lz = KEYS[k0 + 1], bk = KEYS[k0 + 2], leases = KEYS[k0 + 3], rt = tonumber(rt) or 0}
-end
-
-local function hmget_all(key, fields, out)
-  for i = 1, #fields, 4000 do
-    local part = redis.call('HMGET', key, unpack(fields, i, math.min(#fields, i + 3999)))
-    for j = 1, #part do out[#out + 1] = part[j] or '' end
-  end
-  return out
+  return {loads = KEYS[k0], lz = KEYS[k0 + 1], bk = KEYS[k0 + 2], leases = KEYS[k0 + 3], pin = KEYS[k0 + 4],
+          rt = tonumber(rt) or 0}
 end
 
 -- Record that inst holds a prompt's blocks KEYS[k0+1 .. k0+n] (one whole prefix). held:
@@ -252,9 +260,9 @@ local function remember(lru, seq, member, n, cap, inst, out)
 end
 
 -- 'B' (instance shard): loads of some instances and the least-loaded few, then book this
--- shard's legs of a booking (nlegs may be 0: a read). KEYS loads, lz, bk, leases, seq,
+-- shard's legs of a booking (nlegs may be 0: a read). KEYS loads, lz, bk, leases, pin, seq,
 -- lru x nlegs; ARGV id, lease_ms, request_tokens, nread, inst x nread, nlow, nlegs,
--- (inst, prefill, kv, transfers, transfer_bytes, transient, cap) x nlegs, the prompt's
+-- (inst, prefill, kv, transfers, transfer_bytes, transient, cap, block tokens) x nlegs, the prompt's
 -- residency shard, its block keys as one argument of 16 hex digits each (one argument
 -- instead of one per block halves what the router packs per decision, and the fixed width
 -- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
@@ -280,22 +288,33 @@ local function op_book(k0, nk, a0)
   end
   local nlegs = tonumber(ARGV[a + 1])
   a = a + 2
-  local mem0 = a + 7 * nlegs
+  local mem0 = a + 8 * nlegs
   local evicted, booked = {}, 0
   if nlegs > 0 and redis.call('HEXISTS', S.bk, id) == 0 then
     local prefix, hex = ARGV[mem0] .. ':', ARGV[mem0 + 1]
     local nblocks = math.floor(#hex / 16)
     local function member(d) return prefix .. string.sub(hex, 16 * d - 15, 16 * d) end
     booked = 1
-    local parts = {}
+    local parts, pinned = {}, false
     for i = 0, nlegs - 1 do
-      local b = a + 7 * i
+      local b = a + 8 * i
       local inst = ARGV[b]
-      parts[#parts + 1] = table.concat({inst, ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]}, '\31')
-      add_load(S, inst, 1, ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4])
-      if nblocks > 0 then remember(KEYS[k0 + 5 + i], KEYS[k0 + 4], member, nblocks, tonumber(ARGV[b + 6]), inst, evicted) end
+      local bt, kv = clamp(tonumber(ARGV[b + 7]) or 0), clamp(tonumber(ARGV[b + 2]) or 0)
+      local fields = {inst, ARGV[b + 1], kv, ARGV[b + 3], ARGV[b + 4], ARGV[b + 5]}
+      local added = kv
+      if bt > 0 and nblocks > 0 and ARGV[b + 5] ~= '1' then
+        local epoch, n, new = pin(S, inst, hex, tonumber(ARGV[b + 6]) or 0)
+        -- the leg's own KV now includes the blocks the cap left unpinned; it adds the new blocks too
+        fields[3] = string.format('%.0f', clamp(kv + (nblocks - n) * bt))
+        fields[7], fields[8], fields[9] = bt, epoch, n
+        added = kv + (nblocks - n + new) * bt
+        pinned = true
+      end
+      parts[#parts + 1] = table.concat(fields, '\31')
+      add_load(S, inst, 1, ARGV[b + 1], added, ARGV[b + 3], ARGV[b + 4])
+      if nblocks > 0 then remember(KEYS[k0 + 6 + i], KEYS[k0 + 5], member, nblocks, tonumber(ARGV[b + 6]), inst, evicted) end
     end
-    redis.call('HSET', S.bk, id, '0' .. table.concat(parts, '\30'))
+    redis.call('HSET', S.bk, id, '0' .. table.concat(parts, '\30') .. (pinned and ('\29' .. hex) or ''))
     redis.call('ZADD', S.leases, now_ms() + lease_ms, id)
   end
   return {loads, low, evicted, booked}
@@ -332,14 +351,16 @@ local function op_unremember(k0, nk, a0, na)
   return na
 end
 
--- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load.
--- KEYS lru, loads, lz; ARGV inst, drop_load (0/1).
+-- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load and its
+-- pin epoch (bookings still in flight release into the ended one). KEYS lru, loads, lz, pin;
+-- ARGV inst, drop_load (0/1).
 local function op_forget(k0, nk, a0)
   local size = redis.call('ZCARD', KEYS[k0])
   redis.call('DEL', KEYS[k0])
   if ARGV[a0 + 1] == '1' then
     redis.call('HDEL', KEYS[k0 + 1], ARGV[a0])
     redis.call('ZREM', KEYS[k0 + 2], ARGV[a0])
+    redis.call('HDEL', KEYS[k0 + 3], ARGV[a0])
   end
   return size
 end

@@ -1,0 +1,91 @@
+-- Helpers of ops.lua kept apart: hash reads and writes in batches, and the blocks pinned by
+-- bookings in flight. router/state/redis_calls.py sends this file and ops.lua as one script,
+-- this one first.
+
+local function hmget_all(key, fields, out)
+  for i = 1, #fields, 4000 do
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(#fields, i + 3999)))
+    for j = 1, #part do out[#out + 1] = part[j] or '' end
+  end
+  return out
+end
+
+local function hset_all(key, pairs_)
+  for i = 1, #pairs_, 4000 do redis.call('HSET', key, unpack(pairs_, i, math.min(#pairs_, i + 3999))) end
+end
+
+-- Pinned blocks (router/state/pins.py): per instance an epoch (its life), started by its first
+-- pinning booking and ended when the instance is dropped ('F' with drop_load); a block's count
+-- lives under its epoch, so a booking from before a drop releases into its own (ended) epoch
+-- and never touches the counts or the load of the instance's next life. Bounded: at most cap
+-- distinct blocks per epoch (a booking pins its leading blocks and stops at the first new one
+-- beyond the cap; the rest is booked as its own KV), one epoch field per instance, and an
+-- ended epoch's counts go with the last release (or lease expiry) of its bookings.
+local function pin_fields(inst, epoch, hex, n)
+  local fields, head = {}, inst .. '\31' .. epoch .. '\31'
+  for d = 1, n do fields[d] = head .. string.sub(hex, 16 * d - 15, 16 * d) end
+  return fields
+end
+
+local function epoch_of(S, inst)
+  local cur = redis.call('HGET', S.pin, inst)
+  if cur then
+    local e, n = string.match(cur, '^(%d+):(%d+)$')
+    if e then return e, tonumber(n) end
+  end
+  return nil, 0
+end
+
+-- Pin the leading blocks of hex on inst; returns (epoch, blocks pinned, of them new).
+local function pin(S, inst, hex, cap)
+  local nblocks = math.floor(#hex / 16)
+  local epoch, distinct = epoch_of(S, inst)
+  if not epoch then epoch = tostring(redis.call('HINCRBY', S.pin, '\30', 1)) end
+  local fields = pin_fields(inst, epoch, hex, nblocks)
+  local counts = hmget_all(S.pin, fields, {})
+  local writes, n, new = {}, 0, 0
+  for d = 1, nblocks do
+    local c = tonumber(counts[d])
+    if c then
+      c = c + 1
+    elseif distinct + new >= cap then
+      break
+    else
+      c = 1
+      new = new + 1
+    end
+    writes[#writes + 1] = fields[d]
+    writes[#writes + 1] = c
+    n = d
+  end
+  if #writes > 0 then hset_all(S.pin, writes) end
+  redis.call('HSET', S.pin, inst, epoch .. ':' .. (distinct + new))  -- kept at 0 too: it names the instance's life
+  return epoch, n, new
+end
+
+-- Unpin the n leading blocks of hex a booking pinned on inst in epoch; returns how many
+-- blocks of the instance's current epoch no booking holds any more, or -1 when the epoch
+-- ended (the instance was dropped, its booked load with it: the leg has nothing to release).
+local function unpin(S, inst, epoch, hex, n)
+  local fields = pin_fields(inst, epoch, hex, n)
+  local counts = hmget_all(S.pin, fields, {})
+  local writes, gone, freed = {}, {}, 0
+  for d = 1, n do
+    local c = tonumber(counts[d])
+    if c then  -- (absent: nothing to take back, never below zero)
+      if c <= 1 then
+        gone[#gone + 1] = fields[d]
+        freed = freed + 1
+      else
+        writes[#writes + 1] = fields[d]
+        writes[#writes + 1] = c - 1
+      end
+    end
+  end
+  if #writes > 0 then hset_all(S.pin, writes) end
+  for i = 1, #gone, 4000 do redis.call('HDEL', S.pin, unpack(gone, i, math.min(#gone, i + 3999))) end
+  local cur, distinct = epoch_of(S, inst)
+  if cur ~= epoch then return -1 end
+  if freed > 0 then redis.call('HSET', S.pin, inst, epoch .. ':' .. math.max(0, distinct - freed)) end
+  return freed
+end
