@@ -30,60 +30,76 @@ from collections.abc import Sequence
 
 
 class PinCounts:
-    __slots__ = ("_nodes", "cap")
+    __slots__ = ("_ends", "_kids", "_size", "cap")
 
     def __init__(self, cap: int) -> None:
-        # key -> [pinned chains ending here, children in the union]
-        self._nodes: dict[int, list[int]] = {}
+        # a key is in the union while it is in either map: pinned chains ending at it, and
+        # its children in the union (two maps, so a new chain's blocks go in with one C call)
+        self._ends: dict[int, int] = {}
+        self._kids: dict[int, int] = {}
+        self._size = 0
         self.cap = cap
 
     def __len__(self) -> int:
-        return len(self._nodes)
+        return self._size
 
     def _held_prefix(self, keys: Sequence[int]) -> int:
         """How many leading ``keys`` are in the union (a prefix of them, the union being
         prefix-closed)."""
-        nodes = self._nodes
-        if not keys or keys[0] not in nodes:
+        ends, kids = self._ends, self._kids
+        if not keys or (keys[0] not in kids and keys[0] not in ends):
             return 0
-        if keys[-1] in nodes:
+        if keys[-1] in kids or keys[-1] in ends:
             return len(keys)
-        return bisect_left(keys, True, key=lambda k: k not in nodes)
+        return bisect_left(keys, True, key=lambda k: k not in kids and k not in ends)
 
     def pin(self, keys: Sequence[int]) -> tuple[int, int]:
         """One more holder of the leading ``keys``; returns (keys pinned, how many of them
         were pinned by no one before). Fewer than ``len(keys)`` only at the cap."""
-        nodes = self._nodes
         held = self._held_prefix(keys)
-        n = min(len(keys), held + max(self.cap - len(nodes), 0))
+        n = min(len(keys), held + max(self.cap - self._size, 0))
         if n == 0:
             return 0, 0
         if n > held:
+            kids = self._kids
             if held:
-                nodes[keys[held - 1]][1] += 1
-            for j in range(held, n - 1):
-                nodes[keys[j]] = [0, 1]
-            nodes[keys[n - 1]] = [0, 0]
-        nodes[keys[n - 1]][0] += 1
+                parent = keys[held - 1]
+                kids[parent] = kids.get(parent, 0) + 1
+            if n - 1 > held:
+                kids.update(dict.fromkeys(keys[held:n - 1], 1))
+            self._size += n - held
+        last = keys[n - 1]
+        self._ends[last] = self._ends.get(last, 0) + 1
         return n, n - held
 
     def unpin(self, keys: Sequence[int]) -> int:
         """One holder fewer of the chain ``keys`` (exactly what a booking pinned); returns
         how many of them no booking holds any more."""
-        nodes = self._nodes
-        j = len(keys) - 1
-        end = nodes.get(keys[j]) if j >= 0 else None
-        if end is None or end[0] <= 0:  # not pinned here (a repeated release): nothing to take back
+        if not keys:
             return 0
-        end[0] -= 1
-        freed = 0
-        while j >= 0:
-            node = nodes.get(keys[j])
-            if node is None or node[0] or node[1]:
-                break
-            del nodes[keys[j]]
-            freed += 1
+        ends, kids = self._ends, self._kids
+        j = len(keys) - 1
+        last = keys[j]
+        held = ends.get(last)
+        if held is None:  # not pinned here (a repeated release): nothing to take back
+            return 0
+        if held > 1:
+            ends[last] = held - 1
+            return 0
+        del ends[last]
+        if last in kids:
+            return 0
+        freed = 1
+        while j > 0:
             j -= 1
-            if j >= 0 and (parent := nodes.get(keys[j])) is not None:
-                parent[1] -= 1
+            parent = keys[j]
+            left = kids.get(parent, 0) - 1
+            if left > 0:
+                kids[parent] = left
+                break
+            kids.pop(parent, None)
+            if parent in ends:
+                break
+            freed += 1
+        self._size -= freed
         return freed
