@@ -4,28 +4,39 @@ every store: memory, a real redis-server and a 3-node Redis Cluster (``make_stor
 import asyncio
 
 from router.state.base import Booking, Snapshot
+from router.state.pins import PIN_STRIDE
 from router.state.redis_store import RedisStore
 
 INSTANCES = ["a", "b", "c"]
-BLOCK = 10  # tokens per block key
+# The tests speak of blocks of PIN_STRIDE block keys (the stores count every PIN_STRIDE-th key
+# of a chain: pins.py), so that the union they assert is exact.
+BLOCK = 10 * PIN_STRIDE  # tokens per such block
 OWN = 5  # what each request holds alone (its tail and output)
+
+
+CAPS = {i: 8 * PIN_STRIDE for i in INSTANCES}  # residency capacity: 8 such blocks
+
+
+def blocks(keys) -> list[int]:
+    """Each of ``keys`` as PIN_STRIDE chained block keys."""
+    return [k * 1000 + j for k in keys for j in range(PIN_STRIDE)]
 
 
 class Pinning:
     """Books a colocated leg that pins its keys on one instance."""
 
     def __init__(self, req_id: str, keys, instance: str = "a") -> None:
-        self.req_id, self.keys, self.instance = req_id, tuple(keys), instance
+        self.req_id, self.keys, self.instance = req_id, tuple(blocks(keys)), instance
 
     def __call__(self, snap: Snapshot) -> Booking:
-        return Booking.single(self.req_id, self.instance, 0, OWN, self.keys, BLOCK)
+        return Booking.single(self.req_id, self.instance, 0, OWN, self.keys, BLOCK // PIN_STRIDE)
 
     def revise(self, snap: Snapshot, booking: Booking) -> None:
         return None
 
 
 async def book(store, req_id, keys, instance="a") -> Booking:
-    return (await store.decide(list(keys), INSTANCES, Pinning(req_id, keys, instance)))[1]
+    return (await store.decide(blocks(keys), INSTANCES, Pinning(req_id, keys, instance)))[1]
 
 
 async def kv(store, instance="a") -> int:
@@ -33,7 +44,7 @@ async def kv(store, instance="a") -> int:
 
 
 async def test_a_shared_prefix_is_booked_once_and_released_with_its_last_holder(make_store):
-    store = await make_store()
+    store = await make_store(caps=CAPS)
     first = await book(store, "r1", [1, 2, 3])
     assert await kv(store) == 3 * BLOCK + OWN
     second = await book(store, "r2", [1, 2, 3, 4])  # shares 3 blocks: adds only its 4th and its own
@@ -49,7 +60,7 @@ async def test_a_shared_prefix_is_booked_once_and_released_with_its_last_holder(
 
 
 async def test_a_duplicate_release_never_takes_another_holders_blocks(make_store):
-    store = await make_store()
+    store = await make_store(caps=CAPS)
     first = await book(store, "r1", [1, 2, 3])
     second = await book(store, "r2", [1, 2, 3])
     await store.release(first)
@@ -65,10 +76,10 @@ async def test_a_duplicate_release_never_takes_another_holders_blocks(make_store
 
 
 async def test_a_request_that_never_reached_an_engine_unpins_on_abandon(make_store):
-    store = await make_store()
+    store = await make_store(caps=CAPS)
     kept = await book(store, "r1", [1, 2])
     failed = await book(store, "r2", [1, 2, 3])
-    await store.abandon(failed, {"a": 2})
+    await store.abandon(failed, {"a": 2 * PIN_STRIDE})
     await store.release(failed)  # a release after the abandon (a cancel racing a failure) changes nothing
     assert await kv(store) == 2 * BLOCK + OWN
     await store.release(kept)
@@ -76,7 +87,7 @@ async def test_a_request_that_never_reached_an_engine_unpins_on_abandon(make_sto
 
 
 async def test_at_the_cap_the_rest_is_booked_as_the_requests_own(make_store):
-    store = await make_store(caps={"a": 4, "b": 8, "c": 8})
+    store = await make_store(caps={"a": 4 * PIN_STRIDE, "b": 8 * PIN_STRIDE, "c": 8 * PIN_STRIDE})
     long = await book(store, "r1", range(1, 7))  # 6 blocks, 4 may be pinned: the other 2 are its own
     assert await kv(store) == 6 * BLOCK + OWN
     other = await book(store, "r2", [20, 21])  # the cap is reached: pins nothing new
@@ -94,7 +105,7 @@ async def test_at_the_cap_the_rest_is_booked_as_the_requests_own(make_store):
 
 
 async def test_a_release_after_the_instance_was_dropped_leaves_its_next_life_alone(make_store):
-    store = await make_store()
+    store = await make_store(caps=CAPS)
     old = await book(store, "r1", [1, 2, 3])
     await store.drop_instance("a")
     assert await kv(store) == 0
@@ -111,7 +122,7 @@ async def test_a_release_after_the_instance_was_dropped_leaves_its_next_life_alo
 
 
 async def test_a_cancelled_request_releases_its_pins(make_store):
-    store = await make_store()
+    store = await make_store(caps=CAPS)
     held = await book(store, "r0", [1, 2])
 
     async def request() -> None:
@@ -133,8 +144,8 @@ async def test_a_cancelled_request_releases_its_pins(make_store):
 
 async def test_replicas_book_one_union_and_a_crashed_replicas_pins_expire(redis_target, key_prefix):
     url, cluster = redis_target
-    crashed = RedisStore(url, {"a": 8}, key_prefix=key_prefix, lease_s=0.3, cluster=cluster)
-    alive = RedisStore(url, {"a": 8}, key_prefix=key_prefix, lease_s=0.3, cluster=cluster)
+    crashed = RedisStore(url, {"a": 8 * PIN_STRIDE}, key_prefix=key_prefix, lease_s=0.3, cluster=cluster)
+    alive = RedisStore(url, {"a": 8 * PIN_STRIDE}, key_prefix=key_prefix, lease_s=0.3, cluster=cluster)
     await crashed.start()
     await alive.start()
     try:
@@ -173,11 +184,11 @@ async def test_the_replica_mirror_takes_a_pinning_booking_back_out_exactly(redis
     # the mirror's view without the new booking must give back exactly that view, pinned
     # blocks included, or every decision that pins a new prefix would be revised.
     url, cluster = redis_target
-    store = RedisStore(url, {"a": 8, "b": 8, "c": 8}, key_prefix=key_prefix, cluster=cluster)
+    store = RedisStore(url, {i: 8 * PIN_STRIDE for i in INSTANCES}, key_prefix=key_prefix, cluster=cluster)
     await store.start()
     try:
         Counting.revised = 0
-        bookings = [(await store.decide(keys, INSTANCES, Counting(f"r{n}", keys)))[1]
+        bookings = [(await store.decide(blocks(keys), INSTANCES, Counting(f"r{n}", keys)))[1]
                     for n, keys in enumerate(([1, 2, 3], [1, 2, 3, 4], [7, 8]))]
         assert Counting.revised == 0 and store.corrections == 0
         assert store._mirror.load_of("a").kv_tokens == await kv(store) == 6 * BLOCK + 3 * OWN

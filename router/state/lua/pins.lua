@@ -21,9 +21,27 @@ end
 -- distinct blocks per epoch (a booking pins its leading blocks and stops at the first new one
 -- beyond the cap; the rest is booked as its own KV), one epoch field per instance, and an
 -- ended epoch's counts go with the last release (or lease expiry) of its bookings.
-local function pin_fields(inst, epoch, hex, n)
+-- Only every PIN_STRIDE-th block of a chain and its last one are counted (router/state/pins.py,
+-- whose PIN_STRIDE this copy must equal), each standing for the blocks since the previous one.
+local PIN_STRIDE = 8
+
+-- the 1-based positions of the pinned blocks among the first n
+local function pin_positions(n)
+  local ds = {}
+  for d = PIN_STRIDE, n, PIN_STRIDE do ds[#ds + 1] = d end
+  if n % PIN_STRIDE ~= 0 then ds[#ds + 1] = n end
+  return ds
+end
+
+local function pin_weight(d)
+  local r = d % PIN_STRIDE
+  if r == 0 then return PIN_STRIDE end
+  return r
+end
+
+local function pin_fields(inst, epoch, hex, ds)
   local fields, head = {}, inst .. '\31' .. epoch .. '\31'
-  for d = 1, n do fields[d] = head .. string.sub(hex, 16 * d - 15, 16 * d) end
+  for t = 1, #ds do local d = ds[t]; fields[t] = head .. string.sub(hex, 16 * d - 15, 16 * d) end
   return fields
 end
 
@@ -41,22 +59,23 @@ local function pin(S, inst, hex, cap)
   local nblocks = math.floor(#hex / 16)
   local epoch, distinct = epoch_of(S, inst)
   if not epoch then epoch = tostring(redis.call('HINCRBY', S.pin, '\30', 1)) end
-  local fields = pin_fields(inst, epoch, hex, nblocks)
+  local ds = pin_positions(nblocks)
+  local fields = pin_fields(inst, epoch, hex, ds)
   local counts = hmget_all(S.pin, fields, {})
   local writes, n, new = {}, 0, 0
-  for d = 1, nblocks do
-    local c = tonumber(counts[d])
+  for t = 1, #ds do
+    local c = tonumber(counts[t])
     if c then
       c = c + 1
-    elseif distinct + new >= cap then
-      break
     else
+      local w = pin_weight(ds[t])
+      if distinct + new + w > cap then break end
       c = 1
-      new = new + 1
+      new = new + w
     end
-    writes[#writes + 1] = fields[d]
+    writes[#writes + 1] = fields[t]
     writes[#writes + 1] = c
-    n = d
+    n = ds[t]
   end
   if #writes > 0 then hset_all(S.pin, writes) end
   redis.call('HSET', S.pin, inst, epoch .. ':' .. (distinct + new))  -- kept at 0 too: it names the instance's life
@@ -67,17 +86,18 @@ end
 -- blocks of the instance's current epoch no booking holds any more, or -1 when the epoch
 -- ended (the instance was dropped, its booked load with it: the leg has nothing to release).
 local function unpin(S, inst, epoch, hex, n)
-  local fields = pin_fields(inst, epoch, hex, n)
+  local ds = pin_positions(n)
+  local fields = pin_fields(inst, epoch, hex, ds)
   local counts = hmget_all(S.pin, fields, {})
   local writes, gone, freed = {}, {}, 0
-  for d = 1, n do
-    local c = tonumber(counts[d])
+  for t = 1, #ds do
+    local c = tonumber(counts[t])
     if c then  -- (absent: nothing to take back, never below zero)
       if c <= 1 then
-        gone[#gone + 1] = fields[d]
-        freed = freed + 1
+        gone[#gone + 1] = fields[t]
+        freed = freed + pin_weight(ds[t])
       else
-        writes[#writes + 1] = fields[d]
+        writes[#writes + 1] = fields[t]
         writes[#writes + 1] = c - 1
       end
     end
