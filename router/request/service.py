@@ -189,11 +189,14 @@ class RouterService:
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)
             if isinstance(outcome, Served):
                 response = outcome.response
-                if (not continuing and isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
+                if (isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
                         and continuable(parsed.body, endpoint)):
-                    response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
-                    self.standby.start(request_id, self.pool.get(routed.decision.instance), parsed,
-                                       req.keys, req.prompt_tokens, PATHS[endpoint], headers)
+                    if not continuing:
+                        response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
+                    # a continuation is re-armed: a new backup for the prompt plus the text so far
+                    self.standby.start(request_id, self.pool.get(routed.decision.instance), parsed, req.keys,
+                                       req.prompt_tokens, PATHS[endpoint], headers, failed=tried.exclude,
+                                       rearm=continuing)
                 return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))

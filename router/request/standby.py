@@ -21,6 +21,10 @@ booking is load and residency only), never the stream's failure (every error is 
 dropped), bounded (``max_in_flight``: a stream finding them all busy gets none), and cancelled
 with its stream: when the stream ends ``ok`` or its client goes away. A stream broken mid-way
 keeps its warm running, since the continuation is what it is for.
+
+A continued stream is re-armed: once the continuation's first token arrived, the session gets a
+new backup (the same rendezvous over the new serving instance's peers, the instances it broke on
+excluded) warmed with the prompt plus the text so far, so a second failure finds a warm peer too.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import httpx
@@ -83,27 +87,36 @@ class Standby(Hook):
     def in_flight(self) -> int:
         return len(self._warms)
 
-    def backup_for(self, serving: Instance, first_key: int, model: str) -> Instance | None:
-        """The session's backup: rendezvous on its first key over the serving instance's peers."""
+    def backup_for(self, serving: Instance, first_key: int, model: str, exclude: Collection[str] = ()) -> Instance | None:
+        """The session's backup: rendezvous on its first key over the serving instance's peers, less ``exclude``."""
         c = serving.config
-        peers = [i for i in self._admission.usable(self._pool.healthy((c.role,), exclude=(serving.id,), model=model), model)
+        peers = [i for i in self._admission.usable(self._pool.healthy((c.role,), exclude=(serving.id, *exclude),
+                                                                      model=model), model)
                  if i.config.kv_dtype == c.kv_dtype and i.config.block_size == c.block_size
                  and not (i.config.role == "decode" and i.config.flavor == "sglang")]  # never serves alone
         return max(peers, key=lambda i: rendezvous_weight(first_key, i.id), default=None)
 
     def start(self, request_id: str, serving: Instance, parsed: ParsedRequest, keys: tuple[int, ...],
-              prompt_tokens: int, path: str, headers: dict[str, str]) -> None:
-        """Warm the backup of a stream whose first token just arrived, if it qualifies; never waits."""
+              prompt_tokens: int, path: str, headers: dict[str, str], *, failed: Collection[str] = (),
+              rearm: bool = False) -> None:
+        """Warm the backup of a stream whose first token just arrived, if it qualifies; never waits.
+
+        ``rearm``: the stream is a continuation (its engine broke, ``failed`` are the instances it
+        broke on): the session gets a new backup for the prompt plus the text so far, since the old
+        one is now serving it or was passed over. A warm of the old backup still running is
+        cancelled: the continuation it was for has been routed."""
         store_cfg = self._config.kv_store
         cfg = store_cfg.standby
         if not (cfg.enabled and store_cfg.enabled and keys) or prompt_tokens < cfg.min_prompt_tokens:
             return
-        if request_id in self._warms:  # a client reusing its request id for a second stream: one warm is enough
+        if rearm:
+            self.cancel(request_id)
+        elif request_id in self._warms:  # a client reusing its request id for a second stream: one warm is enough
             return
         if len(self._warms) >= cfg.max_in_flight:
             self._metrics.standby_warms.labels("busy").inc()
             return
-        backup = self.backup_for(serving, keys[0], parsed.model)
+        backup = self.backup_for(serving, keys[0], parsed.model, failed)
         if backup is None:
             self._metrics.standby_warms.labels("no_backup").inc()
             return
@@ -114,7 +127,7 @@ class Standby(Hook):
                                                       name=f"standby {request_id}")
         self._warms[request_id] = task
         task.add_done_callback(lambda t: self._warms.pop(request_id, None) if self._warms.get(request_id) is t else None)
-        self._metrics.standby_warms.labels("started").inc()
+        self._metrics.standby_warms.labels("rearmed" if rearm else "started").inc()
 
     async def _warm(self, backup: Instance, booking: Booking, path: str, raw: bytes, headers: dict[str, str],
                     timeout_s: float) -> None:
