@@ -174,7 +174,8 @@ def test_a_continued_stream_gets_a_new_backup_that_a_second_failure_finds_warm(e
     # re-armed standby warmed with the prompt plus the first 30 tokens after the first failure
     reference = emulators()
     dying = FaultConfig(die_after_tokens=30)
-    engines, instances = cluster(emulators, kv_store, {n: dying for n in ("d0", "d1", "d2")})
+    # time scale 1: 30 tokens take ~0.2 s, ample for a warm to finish before the next break on a loaded host
+    engines, instances = cluster(emulators, kv_store, {n: dying for n in ("d0", "d1", "d2")}, time_scale=1.0)
     standby = {"enabled": True, "min_prompt_tokens": 256}
     state = {} if backend == "memory" else {
         "state": {"backend": "redis", "redis_url": request.getfixturevalue("redis_url"),
