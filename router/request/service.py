@@ -91,7 +91,7 @@ class RouterService:
         self.rng = rng or random.SystemRandom()
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         # warms long streams' backup decode instances (kv_store.standby); its hook cancels them with their streams
-        self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id)
+        self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id, self.rng)
         self.lifecycle = Lifecycle([*standard_hooks(store, self.calibrator, pool, metrics), self.standby, *hooks])
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         # what a KV store the engines share holds (kv_store), None without one
@@ -194,9 +194,10 @@ class RouterService:
                     if not continuing:
                         response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
                     # a continuation is re-armed: a new backup for the prompt plus the text so far
-                    self.standby.start(request_id, self.pool.get(routed.decision.instance), parsed, req.keys,
-                                       req.prompt_tokens, PATHS[endpoint], headers, failed=tried.exclude,
-                                       rearm=continuing)
+                    d = routed.decision
+                    self.standby.start(request_id, self.pool.get(d.instance), parsed, req.keys, req.prompt_tokens,
+                                       PATHS[endpoint], headers, failed=tried.exclude, rearm=continuing,
+                                       prefill=None if d.prefill is None else self.pool.get(d.prefill))
                 return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))

@@ -144,3 +144,32 @@ def test_without_a_store_the_sglang_continuation_is_prefilled_again_by_a_pair(em
         assert d0 == 1 and not legs["d0"]
         assert all(stats(e.url)["store"]["loaded_tokens_admitted"] == 0 for e in engines.values())
         assert nothing_booked(url), booked(url)
+
+
+def test_a_paired_standby_hands_the_prompt_to_the_backup_decode_worker_so_the_continuation_moves_only_the_tail(
+        emulators, kv_store):
+    # time scale 0.3: the warm (the prompt's KV over the PD link) is done well within the 40 tokens
+    reference = emulators()
+    engines, instances = sglang_pool(emulators, kv_store.url, time_scale=0.3)
+    d2 = emulators(role="decode", engine_id="d2", flavor="sglang", bootstrap_port=0, kv_store_url=kv_store.url,
+                   kv_store_write_blocks=1, time_scale=0.3)
+    engines["d2"] = d2
+    instances.append({"url": d2.url, "name": "d2", "role": "decode", "flavor": "sglang", "model": "m"})
+    standby = {"enabled": True, "min_prompt_tokens": 256}
+    with router(instances, kv_store={"enabled": True, "standby": standby}) as (url, _):
+        before = migrate_one(url, reference.url, engines)
+        legs = continuation_legs(engines, before)
+        warmed = {n: [r for r in legs[n] if r["client_request_id"].endswith("-standby")] for n in ("d1", "d2")}
+        # the session's backup got the prompt; the other one the re-armed warm (prompt + text so far)
+        backup = min((n for n in ("d1", "d2") if warmed[n]), key=lambda n: warmed[n][0]["prompt_tokens"])
+        warm = warmed[backup][0]
+        assert warm["transferred_tokens"] >= warm["prompt_tokens"] - 16  # the prompt's KV went there ahead of time
+        cont = next(r for r in legs[backup] if r not in warmed[backup])
+        assert cont["prompt_tokens"] >= warm["prompt_tokens"] + DIE_AFTER - 2
+        # the continuation found the prompt on the backup: only the generated tail crossed the link
+        assert cont["cached_tokens"] >= warm["prompt_tokens"] - 16
+        assert cont["transferred_tokens"] <= DIE_AFTER + 2 * 16
+        # the session's prefill paired the warm (it held the prompt: nothing computed for it)
+        prefill_warms = [r for n in ("p0", "p1") for r in legs[n] if r["client_request_id"].endswith("-standby")]
+        assert prefill_warms and all(r["cached_tokens"] >= r["prompt_tokens"] - 16 for r in prefill_warms)
+        assert nothing_booked(url), booked(url)
