@@ -1,7 +1,7 @@
 """Reuse through a shared KV store and session migration, each against its target.
 
     python loadtests/store_bench.py replay [--trace PATH] [--limit N] [--jobs J] [--write]
-    python loadtests/store_bench.py migrate [--rounds N] [--prompt-tokens N ...] [--variants V ...] [--write]
+    python loadtests/store_bench.py migrate [--flavor vllm|sglang] [--rounds N] [--prompt-tokens N ...] [--variants V ...] [--write]
 
 replay: the Mooncake conversation trace (../shared/traces/conversation_trace.jsonl) on the
 colocated cluster of replay_bench (8 mixed engines, arrivals x2), without a store and with one
@@ -19,6 +19,7 @@ token before the break to the next token, with a shared store (the continuation'
 generated blocks load from it) and without (re-prefill), against the TTFT of the same prompt
 fully cached. Target: with a store, the next token within 2x that TTFT. Also with a warm standby
 (kv_store.standby: the backup decode instance loads the prompt ahead of the failure) and its cost.
+--flavor sglang: SGLang engines, where the continuation goes through a prefill+decode pair.
 """
 
 from __future__ import annotations
@@ -120,12 +121,14 @@ def main() -> int:
     m.add_argument("--prompt-tokens", type=int, nargs="+", default=[8000], help="one table per size")
     m.add_argument("--variants", nargs="+", default=None, help="clusters to measure (default: all)")
     m.add_argument("--time-scale", type=float, default=10.0, help="wall seconds per model second of the engines")
+    m.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm",
+                   help="PD protocol of the engines (sglang: the continuation goes through a prefill+decode pair)")
     m.add_argument("--write", action="store_true")
     args = p.parse_args()
     if args.mode == "replay":
         return run_replay(args)
-    from loadtests.store_migrate import VARIANTS, run_migrate
-    args.variants = args.variants or list(VARIANTS)
+    from loadtests.store_migrate import DEFAULT_VARIANTS, VARIANTS, run_migrate
+    args.variants = args.variants or DEFAULT_VARIANTS[args.flavor]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         p.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")

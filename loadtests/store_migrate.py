@@ -14,7 +14,12 @@ an engine that never saw it (a probe that loads it all from the store). With a s
 the first token arrived; its cost is read from the engines: the warm's tokens brought into a
 backup's cache (KV room, against what the serving instance holds for the session) and the prompt
 tokens computed and loaded over the whole cluster during the sessions, against the same cluster
-without a standby. The engines run
+without a standby. ``--flavor sglang``: the same with emulated SGLang engines (bootstrap protocol);
+a decode worker cannot serve alone, so the continuation goes through a pair again (the one prefill
+with the other decode worker): the prefill holds the prompt unless evicted, loads what it lacks
+from the store (with one) or computes it, and the whole KV crosses the PD link to the new decode
+worker; with a standby, the session's prefill hands the prompt's KV to the backup decode worker
+once the first token arrived, and the continuation moves only the generated tail. The engines run
 ``--time-scale`` times slower than the modelled GPU and every figure is divided by it (model
 milliseconds): the CPU the emulators, the router and the client spend per request (tokenising an
 8K-token prompt takes tens of wall milliseconds on a loaded 2-core machine) then weighs 1/scale.
@@ -73,19 +78,23 @@ def _store_server(scale: float) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _cluster(store: bool, scale: float, dtype: str, standby: bool) -> Iterator[tuple[str, dict[str, str], str | None]]:
+def _cluster(store: bool, scale: float, dtype: str, standby: bool,
+             flavor: str) -> Iterator[tuple[str, dict[str, str], str | None]]:
     """(router url, engine name -> url, probe engine url with the store or None)."""
     with contextlib.ExitStack() as stack:
         store_url = stack.enter_context(_store_server(scale)) if store else None
-        base: dict[str, Any] = {"flavor": "vllm", "time_scale": scale, "model": "m", "kv_store_url": store_url,
-                                "kv_store_write_blocks": 1, "kv_dtype": dtype}
+        base: dict[str, Any] = {"flavor": flavor, "time_scale": scale, "model": "m", "kv_store_url": store_url,
+                                "kv_store_write_blocks": 1, "kv_dtype": dtype, "bootstrap_port": 0}
         engines = {"p0": stack.enter_context(spawn_emulator(EmulatorConfig(role="prefill", **base)))}
         for name in ("d0", "d1"):
             engines[name] = stack.enter_context(spawn_emulator(EmulatorConfig(
                 role="decode", faults=FaultConfig(die_after_tokens=DIE_AFTER), **base)))
         probe = stack.enter_context(spawn_emulator(EmulatorConfig(role="mixed", **base))) if store else None
-        config = {"instances": [{"url": e.url, "name": n, "role": "prefill" if n == "p0" else "decode",
-                                 "flavor": "vllm", "model": "m"} for n, e in engines.items()],
+        instances: list[dict[str, Any]] = [{"url": e.url, "name": n, "role": "prefill" if n == "p0" else "decode",
+                                            "flavor": flavor, "model": "m"} for n, e in engines.items()]
+        if flavor == "sglang":
+            instances[0]["bootstrap_port"] = engines["p0"].bootstrap_port
+        config = {"instances": instances,
                   "policy": {"name": "ttft", "seed": 1}, "health": {"interval_s": 60},
                   "proxy": {"first_byte_timeout_s": 60 * scale, "idle_timeout_s": 60 * scale},
                   "kv_store": {"enabled": store, "bandwidth_gbps": STORE_GBPS, "kv_dtype": dtype,
@@ -136,11 +145,11 @@ def _warm_tokens(engines: dict[str, str]) -> int:
 
 
 def _measure(store: bool, evict: bool, dtype: str, standby: bool, rounds: int, prompt_tokens: int,
-             scale: float) -> dict[str, float]:
+             scale: float, flavor: str) -> dict[str, float]:
     rng = random.Random(12)
     gaps, tbts, cached, loaded = [], [], [], []
     computed_work = loaded_work = 0
-    with _cluster(store, scale, dtype, standby) as (url, engines, probe):
+    with _cluster(store, scale, dtype, standby, flavor) as (url, engines, probe):
         _stream(url, _prompt(-1, 200, rng), 4)  # warm the connections
         for i in range(rounds):
             prompt = _prompt(i, prompt_tokens, rng)
@@ -171,23 +180,30 @@ def _measure(store: bool, evict: bool, dtype: str, standby: bool, rounds: int, p
 
 VARIANTS = {"store": (True, False, "auto", False), "store + standby": (True, False, "auto", True),
             "store, fp8 KV": (True, False, "fp8", False), "store, fp8 KV + standby": (True, False, "fp8", True),
+            "store, prefill's copy evicted": (True, True, "auto", False),
             "no store": (False, False, "auto", False), "no store, prefill's copy evicted": (False, True, "auto", False)}
+# what --flavor measures by default: the vLLM set as published before
+DEFAULT_VARIANTS = {"vllm": [v for v in VARIANTS if v != "store, prefill's copy evicted"],
+                    "sglang": ["store", "store + standby", "store, prefill's copy evicted", "no store",
+                               "no store, prefill's copy evicted"]}
 
 
 def run_migrate(args: argparse.Namespace) -> int:
     for prompt_tokens in args.prompt_tokens:
         load = os.getloadavg()
-        results = {label: _measure(*VARIANTS[label], args.rounds, prompt_tokens, args.time_scale)
+        results = {label: _measure(*VARIANTS[label], args.rounds, prompt_tokens, args.time_scale, args.flavor)
                    for label in args.variants}
         end = os.getloadavg()
         body = _report(results, args, prompt_tokens, load[0], end[0])
         print(body, flush=True)
         if args.write:
-            variants = "" if list(args.variants) == list(VARIANTS) else " --variants " + " ".join(
+            variants = "" if list(args.variants) == DEFAULT_VARIANTS[args.flavor] else " --variants " + " ".join(
                 f"'{v}'" for v in args.variants)
-            write_section(f"Session migration: failure to next token, {prompt_tokens}-token prompts",
-                          f"flock /work/scratch/bench.lock python loadtests/store_bench.py migrate --write --rounds "
-                          f"{args.rounds} --prompt-tokens {prompt_tokens} --time-scale {args.time_scale:g}{variants}", body)
+            sglang = args.flavor == "sglang"
+            title = f"Session migration{', SGLang PD pools' if sglang else ''}: failure to next token, {prompt_tokens}-token prompts"
+            write_section(title, f"flock /work/scratch/bench.lock python loadtests/store_bench.py migrate --write "
+                          f"{'--flavor sglang ' if sglang else ''}--rounds {args.rounds} --prompt-tokens {prompt_tokens} "
+                          f"--time-scale {args.time_scale:g}{variants}", body)
     return 0
 
 
@@ -208,22 +224,36 @@ def _report(results: dict[str, dict[str, float]], args: argparse.Namespace, prom
     rows = [[label, ms(r["gap_p50_s"]), ms(r["gap_max_s"]), ms(r["tbt_p50_s"]), ms(r["cached_ttft_p50_s"]),
              ms(r["store_ttft_p50_s"]) if "store_ttft_p50_s" in r else "-",
              f"**{r['gap_p50_s'] / r['cached_ttft_p50_s']:.2f}**", *cost(label)] for label, r in results.items()]
-    body = table(["cluster", "failure -> next token p50 ms", "max ms", "TBT mean ms", "TTFT fully cached p50 ms",
-                  "TTFT all from the store p50 ms", "gap / cached TTFT (target <= 2)",
-                  "standby KV room / session's KV", "prompt tokens computed vs no standby",
-                  "tokens loaded from the store vs no standby"], rows)
+    headers = ["cluster", "failure -> next token p50 ms", "max ms", "TBT mean ms", "TTFT fully cached p50 ms",
+               "TTFT all from the store p50 ms", "gap / cached TTFT (target <= 2)",
+               "standby KV room / session's KV", "prompt tokens computed vs no standby",
+               "tokens loaded from the store vs no standby"]
+    body = table(headers, rows)
     body += (
         f"\n\n{args.rounds} sessions of ~{prompt_tokens} prompt tokens, {MAX_TOKENS} tokens each; every decode "
         f"instance drops each stream after {DIE_AFTER} tokens and the router continues it on the other one. "
-        f"1 prefill + 2 decode emulated vLLM llama3-8b-h100 engines at time scale {args.time_scale:g} (figures in "
+        f"1 prefill + 2 decode emulated {'SGLang' if args.flavor == 'sglang' else 'vLLM'} llama3-8b-h100 engines at time scale {args.time_scale:g} (figures in "
         f"model ms: wall / scale), store {STORE_GBPS:g} Gbit/s; load average {load:.1f} at the start, "
         f"{end:.1f} at the end. The floor of a load at failure time: ~{prompt_tokens + DIE_AFTER} tokens x 128 KiB "
         f"at {STORE_GBPS:g} Gbit/s = {(prompt_tokens + DIE_AFTER) * 131072 * 8 / (STORE_GBPS * 1e9) * 1000:.1f} ms "
-        f"(half that in fp8). Standby (`kv_store.standby`, min_prompt_tokens 1024): the backup decode instance "
-        f"loads the prompt once the first token arrived, and the continuation there loads only the generated "
-        f"tail. Its cost, per long session whether it fails or not: KV room = the warm's prompt tokens held in "
-        f"the backup's cache over the session's own prompt + output on its serving instance; computed and "
-        f"loaded = prompt tokens over the whole cluster during the sessions against the same cluster without a "
-        f"standby (every session here fails once, so the loaded column nets the warm against the continuation's "
-        f"smaller load; for a session that never fails, the warm adds a whole prompt's load from the store).\n")
+        f"(half that in fp8). ")
+    if args.flavor == "sglang":
+        body += (
+            "SGLang: a decode worker serves only paired with a prefill, so the continuation goes through the "
+            "prefill again with the other decode worker; the prefill holds the prompt in its prefix cache (unless "
+            "evicted: its cache is reset as the session's first token arrives), loads what it lacks from the store "
+            "or computes it, and the whole prompt + generated KV crosses the PD link to the new decode worker "
+            "(the emulated decode keeps transferred KV in a prefix cache, as SGLang's with "
+            "--disaggregation-decode-enable-radix-cache). The fully cached TTFT is the same PD route: "
+            "prefill from cache plus the transfer. Standby: the session's prefill hands the prompt's KV to the "
+            "backup decode worker once the first token arrived (a paired warm, max_tokens 1), and the "
+            "continuation moves only the generated tail; its cost is counted as for vLLM below.\n")
+    body += (
+        "Standby (`kv_store.standby`, min_prompt_tokens 1024): the backup decode instance "
+        "loads the prompt once the first token arrived, and the continuation there loads only the generated "
+        "tail. Its cost, per long session whether it fails or not: KV room = the warm's prompt tokens held in "
+        "the backup's cache over the session's own prompt + output on its serving instance; computed and "
+        "loaded = prompt tokens over the whole cluster during the sessions against the same cluster without a "
+        "standby (every session here fails once, so the loaded column nets the warm against the continuation's "
+        "smaller load; for a session that never fails, the warm adds a whole prompt's load from the store).\n")
     return body

@@ -6,7 +6,9 @@ waits for (32K tokens x 128 KiB at 200 Gbit/s is ~170 ms against a ~7 ms cached 
 scheduling removes it at failure time. A standby moves it earlier: once a long stream's first
 token arrived, the session's backup decode instance loads the prompt's KV from the store in the
 background (an ordinary max_tokens=1 request with the same prompt), so a failure leaves only the
-generated tail to load.
+generated tail to load. In SGLang PD pools the warm goes through a pair (the session's prefill
+hands the prompt's KV to the backup decode worker), which pays only if the decode workers keep
+transferred KV in a prefix cache (SGLang --disaggregation-decode-enable-radix-cache).
 
 It costs a second copy of the prompt's KV in a backup's prefix cache and the engine work of the
 warm (the load, one token computed) for every long stream, failed or not; so it is off by

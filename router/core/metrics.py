@@ -116,8 +116,8 @@ class Metrics:
         self.continuations = Counter("pd_router_continuations", "Streams broken after their first token and continued "
                                      "elsewhere, by result (ok, failed, impossible, exhausted)", ["result"], registry=r)
         self.standby_warms = Counter("pd_router_standby_warms", "Warms of long streams' backup decode instances "
-                                     "(kv_store.standby), by result (started, ok, failed, timeout, cancelled, busy, "
-                                     "no_backup)", ["result"], registry=r)
+                                     "(kv_store.standby), by result (started, rearmed, ok, failed, timeout, "
+                                     "cancelled, busy, no_backup)", ["result"], registry=r)
         self.ejections = Counter("pd_router_outlier_ejections", "Instances ejected by passive outlier detection",
                                  ["engine"], registry=r)
         self.store_latency = Histogram(

@@ -91,7 +91,7 @@ class RouterService:
         self.rng = rng or random.SystemRandom()
         self.admission = admission or Admission(pool, EngineBook(1.0), config.engines.text_bytes_per_token_max)
         # warms long streams' backup decode instances (kv_store.standby); its hook cancels them with their streams
-        self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id)
+        self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id, self.rng)
         # the calibration hook is also fed by the engine poller (engine-measured prefill rates)
         self.calibration = CalibrationHook(self.calibrator, pool, metrics)
         self.lifecycle = Lifecycle([*standard_hooks(store, self.calibration, pool, metrics), self.standby, *hooks])
@@ -191,11 +191,15 @@ class RouterService:
             outcome = await self._attempt(routed, endpoint, parsed, raw, headers, request_id, tried)
             if isinstance(outcome, Served):
                 response = outcome.response
-                if (not continuing and isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
+                if (isinstance(response, RelayResponse) and self.config.proxy.continuation_attempts
                         and continuable(parsed.body, endpoint)):
-                    response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
-                    self.standby.start(request_id, self.pool.get(routed.decision.instance), parsed,
-                                       req.keys, req.prompt_tokens, PATHS[endpoint], headers)
+                    if not continuing:
+                        response.continue_with(self._continuation(response, endpoint, parsed, headers, request_id, slo))
+                    # a continuation is re-armed: a new backup for the prompt plus the text so far
+                    d = routed.decision
+                    self.standby.start(request_id, self.pool.get(d.instance), parsed, req.keys, req.prompt_tokens,
+                                       PATHS[endpoint], headers, failed=tried.exclude, rearm=continuing,
+                                       prefill=None if d.prefill is None else self.pool.get(d.prefill))
                 return response
             tried.record(outcome)
         raise tried.give_up(NoCapacity("no healthy instance can take this request"))

@@ -111,7 +111,12 @@ async def run_sglang(legs: Legs, body: dict[str, Any], rng: random.Random) -> Le
 
     p_task = asyncio.create_task(prefill_leg())
     d_task = asyncio.create_task(legs.upstream.send(legs.decode.url + legs.path, payload, legs.headers, legs.timeout))
-    done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({p_task, d_task}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # given up before either answered (client gone, a standby warm cancelled):
+        p_task.cancel()  # so are both legs, else the engines pair and serve them for nobody
+        d_task.cancel()
+        raise
     if p_task in done and p_task.exception() is not None:
         await _cancel_decode(d_task)
         raise p_task.exception()  # type: ignore[misc]
