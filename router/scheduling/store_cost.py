@@ -20,6 +20,7 @@ ones are. A copy on a new instance then costs a load, not a recompute: the place
 from __future__ import annotations
 
 from router.scheduling.framework import RouteRequest, View
+from router.state.store_tier import StoreTier
 
 
 def stored_tokens(req: RouteRequest) -> float:
@@ -39,7 +40,8 @@ def load_seconds(req: RouteRequest, view: View, tokens: float) -> float:
     alone = tokens * per_token / hit.bytes_per_s
     # loads booked and still moving share the bandwidth fairly: each costs min(T, its rest);
     # those starting meanwhile take the store's utilization of it
-    return hit.setup_s + (alone + min(hit.loads * alone, hit.backlog_s)) / (1.0 - hit.utilization)
+    stretch = 1.0 / (1.0 - min(hit.utilization, StoreTier.max_utilization))  # bounded for any StoreHit
+    return hit.setup_s + (alone + min(hit.loads * alone, hit.backlog_s)) * stretch
 
 
 def loaded_tokens(req: RouteRequest, view: View) -> float:

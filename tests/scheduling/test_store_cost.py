@@ -212,3 +212,6 @@ def test_the_stretch_is_bounded_when_bookings_outrun_the_bandwidth():
     assert tier.utilization(now[0]) == StoreTier.max_utilization
     now[0] = 2.0
     assert tier.utilization(now[0]) == 0.0
+    # a hit built anywhere else is bounded alike: a saturated store prices 10x, never a division by zero
+    r = RouteRequest("r", (0,), 100, 1, 1, store=StoreHit(1, 1.0, 1.0, 1, 0.0, utilization=1.0))
+    assert load_seconds(r, View(Candidate("a", kv_bytes_per_token=1), 0, Load()), 1) == pytest.approx(10.0)
