@@ -18,8 +18,9 @@ Loads that start after a load also share its bandwidth while it moves: what is m
 is not all it will share. The tier keeps the store's utilization ``rho`` (seconds of
 bandwidth the loads booked in the last ``window_s`` asked for, per second), and a load is
 stretched by 1 / (1 - rho), the expected stay in a processor-sharing queue at that load.
-Without it the replay's loads took 1.2x (median) to 2.9x (p90) what they were priced at even
-when every load in flight was known exactly (docs/benchmarks.md, store replay).
+Without it the replay's loads took 1.2x (median) to 2.7x (p90) their price, and 1.3x / 2.9x
+the fair share of the loads moving at their start even when those were known exactly
+(docs/benchmarks.md, store replay).
 """
 
 from __future__ import annotations
