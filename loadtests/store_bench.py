@@ -1,6 +1,6 @@
 """Reuse through a shared KV store and session migration, each against its target.
 
-    python loadtests/store_bench.py replay [--trace PATH] [--limit N] [--jobs J] [--write]
+    python loadtests/store_bench.py replay [--trace PATH] [--limit N] [--rate-scale X] [--jobs J] [--write]
     python loadtests/store_bench.py migrate [--flavor vllm|sglang] [--rounds N] [--prompt-tokens N ...] [--variants V ...] [--write]
 
 replay: the Mooncake conversation trace (../shared/traces/conversation_trace.jsonl) on the
@@ -45,25 +45,25 @@ BASELINES = ("llmd_weighted", "sglang_cache_aware")
 RATE_SCALE = 2.0
 
 
-def _trace(path: str, limit: int | None) -> Trace:
-    return load_trace(path, 0).limited(limit).scaled(RATE_SCALE)
+def _trace(path: str, limit: int | None, rate_scale: float = RATE_SCALE) -> Trace:
+    return load_trace(path, 0).limited(limit).scaled(rate_scale)
 
 
-def _one(job: tuple[str, int | None, str, str, dict[str, object]]) -> tuple[str, str, dict[str, object]]:
-    path, limit, label, policy, spec_fields = job
+def _one(job: tuple[str, int | None, float, str, str, dict[str, object]]) -> tuple[str, str, dict[str, object]]:
+    path, limit, rate_scale, label, policy, spec_fields = job
     spec = ClusterSpec(mixed=8, **spec_fields)  # type: ignore[arg-type]
-    return label, policy, replay(_trace(path, limit), spec, policy).summary
+    return label, policy, replay(_trace(path, limit, rate_scale), spec, policy).summary
 
 
 def run_replay(args: argparse.Namespace) -> int:
     try:
-        trace = _trace(args.trace, args.limit)
+        trace = _trace(args.trace, args.limit, args.rate_scale)
     except TraceError as exc:
         print(f"trace not readable: {args.trace}: {exc} (see ../shared/traces/README.md)", file=sys.stderr)
         return 2
     store = {"store_tokens": args.store_tokens, "store_gbps": args.store_gbps}
     configs = {"no store": {}, "store": store, "store, router not told": {**store, "store_aware": False}}
-    jobs = [(args.trace, args.limit, label, policy, fields) for label, fields in configs.items()
+    jobs = [(args.trace, args.limit, args.rate_scale, label, policy, fields) for label, fields in configs.items()
             for policy in ("ttft", *BASELINES) if label != "store, router not told" or policy == "ttft"]
     results: dict[tuple[str, str], dict[str, object]] = {}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -89,7 +89,7 @@ def run_replay(args: argparse.Namespace) -> int:
     body = table(["cluster", "policy", "TTFT p50 s", "TTFT p90 s", "TTFT p99 s", "hit ratio", "local hit", "store hit",
                   "gap closed (vs best baseline, no store)"], rows)
     body += (
-        f"\n\n{len(trace.requests)} requests, 8 mixed llama3-8b-h100 engines, arrivals x{RATE_SCALE:g}; store "
+        f"\n\n{len(trace.requests)} requests, 8 mixed llama3-8b-h100 engines, arrivals x{args.rate_scale:g}; store "
         f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads. Virtual time: the "
         f"figures do not depend on the machine's load.\n\n"
         f"- hit ratio, `ttft` with the store / without: **{hit_x:.2f}x** (target >= 1.8x).\n"
@@ -101,7 +101,9 @@ def run_replay(args: argparse.Namespace) -> int:
         f"(not told: {p90('store, router not told', 'ttft'):.3f} s).\n")
     print(body)
     if args.write:
-        command = "python loadtests/store_bench.py replay --write" + (f" --limit {args.limit}" if args.limit else "")
+        command = ("python loadtests/store_bench.py replay --trace ../shared/traces/conversation_trace.jsonl --write"
+                   + (f" --limit {args.limit}" if args.limit else "")
+                   + (f" --rate-scale {args.rate_scale:g}" if args.rate_scale != RATE_SCALE else ""))
         write_section("Shared KV store: replay of the conversation trace", command, body)
     return 0
 
@@ -112,6 +114,7 @@ def main() -> int:
     r = sub.add_parser("replay", help="hit ratio and gap_closed with and without a store")
     r.add_argument("--trace", default=str(DEFAULT_TRACE))
     r.add_argument("--limit", type=int, default=None)
+    r.add_argument("--rate-scale", type=float, default=RATE_SCALE, help="arrivals this many times the trace's rate")
     r.add_argument("--store-tokens", type=int, default=20_000_000)
     r.add_argument("--store-gbps", type=float, default=100.0)
     r.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))

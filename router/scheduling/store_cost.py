@@ -4,10 +4,12 @@ With a store (kv_store), an instance that lacks part of a prefix the store holds
 it instead of computing it: the bytes cross the store's bandwidth while the instance
 computes the rest of the prompt, so the prefill takes
 
-    max(load, prefill of what the store lacks)      load = setup + T + min(n T, B)
+    max(load, prefill of what the store lacks)      load = setup + (T + min(n T, B)) / (1 - rho)
                                                     T = tokens x bytes / bandwidth
 
-(n loads booked in the store tier still moving B seconds of bytes share the bandwidth)
+(n loads booked in the store tier still moving B seconds of bytes share the bandwidth, and
+so will the loads that start while this one moves: at the store's recent utilization rho,
+a processor-sharing queue's expected stay is the work in front of it stretched 1 / (1 - rho))
 
 against ``prefill of what the instance lacks`` without the store; the estimate takes the
 cheaper (cost.py). Stored tokens are expected ones (the tier's LRU confidence), as cached
@@ -18,6 +20,7 @@ ones are. A copy on a new instance then costs a load, not a recompute: the place
 from __future__ import annotations
 
 from router.scheduling.framework import RouteRequest, View
+from router.state.store_tier import StoreTier
 
 
 def stored_tokens(req: RouteRequest) -> float:
@@ -35,8 +38,10 @@ def load_seconds(req: RouteRequest, view: View, tokens: float) -> float:
         return 0.0
     per_token = view.candidate.kv_bytes_per_token or hit.bytes_per_token
     alone = tokens * per_token / hit.bytes_per_s
-    # loads booked and still moving share the bandwidth fairly: each costs min(T, its rest)
-    return hit.setup_s + alone + min(hit.loads * alone, hit.backlog_s)
+    # loads booked and still moving share the bandwidth fairly: each costs min(T, its rest);
+    # those starting meanwhile take the store's utilization of it
+    stretch = 1.0 / (1.0 - min(hit.utilization, StoreTier.max_utilization))  # bounded for any StoreHit
+    return hit.setup_s + (alone + min(hit.loads * alone, hit.backlog_s)) * stretch
 
 
 def loaded_tokens(req: RouteRequest, view: View) -> float:

@@ -13,6 +13,14 @@ Loads share the store's bandwidth: every request routed to load from it books it
 until it is expected done (``book_load``), so the next one is priced behind what is still
 moving (store_cost.load_seconds). A booking expires by itself at its expected end: no release
 to lose, at the price of trusting the estimate (at most ``max_loads`` are kept, oldest out).
+
+Loads that start after a load also share its bandwidth while it moves: what is moving now
+is not all it will share. The tier keeps the store's utilization ``rho`` (seconds of
+bandwidth the loads booked in the last ``window_s`` asked for, per second), and a load is
+stretched by 1 / (1 - rho), the expected stay in a processor-sharing queue at that load.
+Without it the replay's loads took 1.2x (median) to 2.7x (p90) their price, and 1.3x / 2.9x
+the fair share of the loads moving at their start even when those were known exactly
+(docs/benchmarks.md, store replay).
 """
 
 from __future__ import annotations
@@ -39,20 +47,25 @@ class StoreHit:
     setup_s: float
     loads: int = 0  # loads booked and still moving
     backlog_s: float = 0.0  # what they still move, in seconds of the store's bandwidth
+    utilization: float = 0.0  # of the store's bandwidth by the loads booked lately (StoreTier.utilization)
 
 
 class StoreTier:
     max_loads = 4096
+    max_utilization = 0.9  # beyond it the price stops growing: the bookings outrun the bandwidth (10x stretch)
 
     def __init__(self, capacity: int, bytes_per_s: float, bytes_per_token: int, setup_s: float = 0.0,
-                 ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic) -> None:
-        if capacity < 1 or bytes_per_s <= 0 or bytes_per_token < 1:
-            raise ValueError("a store tier needs a capacity, a bandwidth and bytes per token")
+                 ttl_s: float = 3600.0, clock: Callable[[], float] = time.monotonic, window_s: float = 30.0) -> None:
+        if capacity < 1 or bytes_per_s <= 0 or bytes_per_token < 1 or window_s <= 0:
+            raise ValueError("a store tier needs a capacity, a bandwidth, bytes per token and a window")
         self.capacity = capacity
         self._index = ResidencyIndex(ttl_s)
         self._bytes_per_s, self._bytes_per_token, self._setup_s = bytes_per_s, bytes_per_token, setup_s
         self._clock = clock
         self._loads: deque[tuple[float, float, float]] = deque(maxlen=self.max_loads)  # (start, end, seconds alone)
+        self._window_s = window_s
+        self._started: deque[tuple[float, float]] = deque(maxlen=self.max_loads)  # (start, seconds alone), last window
+        self._asked_s = 0.0  # sum of the seconds alone in _started
 
     def hit(self, keys: Sequence[int]) -> StoreHit | None:
         """What the store holds of ``keys``, or None when nothing (the request prices as without a store)."""
@@ -60,8 +73,20 @@ class StoreTier:
         if not blocks:
             return None
         confidence = self._index.confidence(_STORE, keys[blocks - 1])
-        loads, backlog = self._in_flight(self._clock())
-        return StoreHit(blocks, confidence, self._bytes_per_s, self._bytes_per_token, self._setup_s, loads, backlog)
+        now = self._clock()
+        loads, backlog = self._in_flight(now)
+        return StoreHit(blocks, confidence, self._bytes_per_s, self._bytes_per_token, self._setup_s, loads, backlog,
+                        self.utilization(now))
+
+    def utilization(self, now: float) -> float:
+        """Share of the store's bandwidth the loads booked in the last ``window_s`` asked for
+        (at most ``max_utilization``); loads older than the window are dropped."""
+        started = self._started
+        while started and started[0][0] <= now - self._window_s:
+            self._asked_s -= started.popleft()[1]
+        if not started:
+            self._asked_s = 0.0  # no float drift survives an empty window
+        return min(self.max_utilization, max(0.0, self._asked_s) / self._window_s)
 
     def _in_flight(self, now: float) -> tuple[int, float]:
         """Loads still moving, and the seconds of bytes they have left (each drains evenly
@@ -82,7 +107,12 @@ class StoreTier:
         now = self._clock()
         loads, backlog = self._in_flight(now)
         alone = tokens * bytes_per_token / self._bytes_per_s
-        self._loads.append((now, now + self._setup_s + alone + min(loads * alone, backlog), alone))
+        stretch = 1.0 / (1.0 - self.utilization(now))
+        self._loads.append((now, now + self._setup_s + (alone + min(loads * alone, backlog)) * stretch, alone))
+        if len(self._started) == self._started.maxlen:
+            self._asked_s -= self._started[0][1]
+        self._started.append((now, alone))
+        self._asked_s += alone
 
     def record(self, keys: Sequence[int]) -> None:
         """``keys`` were computed (or loaded) somewhere: the engine writes them to the store."""

@@ -80,7 +80,10 @@ def test_facts_are_read_when_an_instance_comes_back() -> None:
         assert httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0]["engine"]["models"] is None
         with start_in_thread(BASE, port=port):
             deadline = time.monotonic() + 10
-            while (doc := httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0])["engine"]["models"] is None:
+            # the models come from /v1/models when the instance is back, its block size from the
+            # next metrics poll (vLLM's cache_config_info): wait for both
+            while None in ((doc := httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0])["engine"]["models"],
+                           doc["engine"]["block_size"]):
                 assert time.monotonic() < deadline, doc
                 time.sleep(0.05)
             assert doc["engine"]["models"] == {"tiny": 2048} and doc["compat"]["block_size"] == 32

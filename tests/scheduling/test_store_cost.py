@@ -14,6 +14,7 @@ from router.scheduling.cost import colocated_ttft, prefill_seconds, prefill_work
 from router.scheduling.decide import decide
 from router.scheduling.framework import View
 from router.scheduling.scorers import TTFTScorer
+from router.scheduling.store_cost import load_seconds
 from router.state.base import Load, Snapshot
 from router.state.memory import MemoryStore
 from router.state.store_tier import StoreHit, StoreTier, build_store_tier
@@ -131,8 +132,11 @@ async def test_a_load_is_booked_so_the_next_one_is_priced_behind_it_until_it_sho
     assert first.decision.terms[first.decision.instance]["uncached_tokens"] == 0
     h = tier.hit(req().keys)
     assert h.loads == 1 and h.backlog_s == pytest.approx(2048 * 1000 / 10e9)
-    # a second load of the same size shares the bandwidth with it: twice as long
-    assert colocated_ttft(req(store=h), view(), W).prefill_s == pytest.approx(2 * 2048 * 1000 / 10e9)
+    # a second load of the same size shares the bandwidth with it: twice as long, stretched by
+    # the store's utilization (the first load's 0.2 ms of bandwidth in the 30 s window)
+    alone = 2048 * 1000 / 10e9
+    assert h.utilization == pytest.approx(alone / 30.0)
+    assert colocated_ttft(req(store=h), view(), W).prefill_s == pytest.approx(2 * alone / (1 - alone / 30.0))
     now[0] = 0.0001024  # half way through: half of it left to share
     h = tier.hit(req().keys)
     assert h.loads == 1 and h.backlog_s == pytest.approx(1024 * 1000 / 10e9)
@@ -180,3 +184,34 @@ def test_a_decode_instance_that_would_only_load_may_serve_alone():
     assert policy.choose(req(prompt=4096, blocks=256), cands, s).prefill == "p"
     d = policy.choose(req(prompt=4096, blocks=256, store=hit(blocks=256)), cands, s)
     assert d.prefill is None and d.mode == "decode_only"
+
+
+def test_loads_booked_lately_stretch_the_next_load_by_the_stores_utilization():
+    """Loads that start while a load moves share its bandwidth too: at utilization rho the
+    expected stay in a processor-sharing queue is 1 / (1 - rho) of its work."""
+    now = [0.0]
+    tier = StoreTier(capacity=1000, bytes_per_s=1000.0, bytes_per_token=1, clock=lambda: now[0], window_s=10.0)
+    tier.record(tuple(range(32)))
+    for _ in range(5):  # 1 s of bandwidth each, at 0, 2.5, ... 10 s, each over before the next
+        tier.book_load(1000, 1)
+        now[0] += 2.5
+    h = tier.hit(tuple(range(32)))
+    assert h is not None and h.loads == 0 and h.backlog_s == 0.0  # nothing moving now...
+    assert h.utilization == pytest.approx(0.3)  # ...but at 12.5 s, 3 s in the last 10 (those at 5, 7.5, 10 s)
+    r = RouteRequest("r", tuple(range(32)), 2048, 16, 64, store=h)
+    cand = Candidate("a", prefill_tokens_per_s=1.0, kv_bytes_per_token=1)
+    assert load_seconds(r, View(cand, 0, Load()), 600) == pytest.approx(0.6 / (1 - 0.3))
+    now[0] += 10.0  # a quiet store: the stretch is gone
+    assert tier.hit(tuple(range(32))).utilization == 0.0
+
+
+def test_the_stretch_is_bounded_when_bookings_outrun_the_bandwidth():
+    now = [0.0]
+    tier = StoreTier(capacity=10, bytes_per_s=1.0, bytes_per_token=1, clock=lambda: now[0], window_s=1.0)
+    tier.book_load(100, 1)  # 100 s of bandwidth asked for in a 1 s window
+    assert tier.utilization(now[0]) == StoreTier.max_utilization
+    now[0] = 2.0
+    assert tier.utilization(now[0]) == 0.0
+    # a hit built anywhere else is bounded alike: a saturated store prices 10x, never a division by zero
+    r = RouteRequest("r", (0,), 100, 1, 1, store=StoreHit(1, 1.0, 1.0, 1, 0.0, utilization=1.0))
+    assert load_seconds(r, View(Candidate("a", kv_bytes_per_token=1), 0, Load()), 1) == pytest.approx(10.0)
