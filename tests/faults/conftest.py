@@ -6,12 +6,14 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from router.config.model import load_config
 from router.gateway.app import create_app
 from router.tools.emulator import EmulatorConfig
 from router.tools.emulator.launch import EmulatorHandle, start_in_thread
+from router.tools.emulator.store_server import StoreConfig, StoreHandle, start_store_in_thread
 from servers import serve_app
 
 TOKEN = "s3cret"
@@ -47,3 +49,15 @@ def router(instances: list[dict[str, Any]], **overrides: Any) -> Iterator[tuple[
     app = create_app(config)
     with ExitStack() as stack:
         yield stack.enter_context(serve_app(app)), app
+
+
+@pytest.fixture
+def kv_store() -> Iterator[StoreHandle]:
+    """A shared KV store server (the emulator's), fast enough to stay out of the way."""
+    with start_store_in_thread(StoreConfig(time_scale=0.01)) as store:
+        yield store
+
+
+def stats(url: str) -> dict[str, Any]:
+    """An emulator's /emulator/stats with its 50 most recent requests."""
+    return httpx.get(f"{url}/emulator/stats", params={"recent": 50}).json()

@@ -9,30 +9,18 @@ nothing more, and no booking is left behind, with the memory and the Redis state
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from faults.conftest import TOKEN, router  # type: ignore[import-not-found]
+from faults.conftest import TOKEN, router, stats  # type: ignore[import-not-found]
 from test_continuation import stream  # type: ignore[import-not-found]
 
 from router.tools.emulator import FaultConfig
-from router.tools.emulator.store_server import StoreConfig, StoreHandle, start_store_in_thread
 
 PREFIX = "You are the dispatcher of a parcel service; answer briefly and precisely. " * 60  # ~800 tokens
 DIE_AFTER = 40
 BOOKED = ("requests", "prefill_tokens", "kv_tokens", "transfers", "transfer_bytes")
-
-
-@pytest.fixture
-def kv_store() -> Iterator[StoreHandle]:
-    with start_store_in_thread(StoreConfig(time_scale=0.01)) as store:
-        yield store
-
-
-def stats(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/emulator/stats", params={"recent": 50}).json()
 
 
 def booked(url: str) -> dict[str, dict[str, Any]]:

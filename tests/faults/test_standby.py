@@ -6,33 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from faults.conftest import router  # type: ignore[import-not-found]
+from faults.conftest import router, stats  # type: ignore[import-not-found]
 from test_continuation import stream  # type: ignore[import-not-found]
 
 from router.tools.emulator import FaultConfig
-from router.tools.emulator.store_server import (
-    StoreConfig,
-    StoreHandle,
-    start_store_in_thread,
-)
 
 PREFIX = "You are the dispatcher of a parcel service; answer briefly and precisely. " * 60  # ~800 tokens
 SCALE = 0.3  # slow enough that a warm finishes well within the 40 tokens before the drop
-
-
-@pytest.fixture
-def kv_store() -> Iterator[StoreHandle]:
-    with start_store_in_thread(StoreConfig(time_scale=0.01)) as store:
-        yield store
-
-
-def stats(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/emulator/stats", params={"recent": 50}).json()
 
 
 def warms(url: str) -> list[dict[str, Any]]:
