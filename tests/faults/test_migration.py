@@ -4,25 +4,11 @@ store (written by the prefill and by the dying decode as it generated) instead o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import httpx
 import pytest
 
-from faults.conftest import router  # type: ignore[import-not-found]
+from faults.conftest import router, stats  # type: ignore[import-not-found]
 from router.tools.emulator import FaultConfig
-from router.tools.emulator.store_server import StoreConfig, StoreHandle, start_store_in_thread
 from test_continuation import stream  # type: ignore[import-not-found]
-
-
-@pytest.fixture
-def kv_store() -> Iterator[StoreHandle]:
-    with start_store_in_thread(StoreConfig(time_scale=0.01)) as store:
-        yield store
-
-
-def stats(url: str) -> dict:
-    return httpx.get(f"{url}/emulator/stats").json()
 
 
 def test_a_session_migrates_to_another_decode_instance_that_loads_its_kv_from_the_store(emulators, kv_store):
