@@ -198,7 +198,7 @@ class RouterService:
                     # a continuation is re-armed: a new backup for the prompt plus the text so far
                     d = routed.decision
                     self.standby.start(request_id, self.pool.get(d.instance), parsed, req.keys, req.prompt_tokens,
-                                       PATHS[endpoint], headers, failed=tried.exclude, rearm=continuing,
+                                       req.block_tokens, PATHS[endpoint], headers, failed=tried.exclude, rearm=continuing,
                                        prefill=None if d.prefill is None else self.pool.get(d.prefill))
                 return response
             tried.record(outcome)

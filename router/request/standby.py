@@ -109,8 +109,8 @@ class Standby(Hook):
         return max(peers, key=lambda i: rendezvous_weight(first_key, i.id), default=None)
 
     def start(self, request_id: str, serving: Instance, parsed: ParsedRequest, keys: tuple[int, ...],
-              prompt_tokens: int, path: str, headers: dict[str, str], *, failed: Collection[str] = (),
-              rearm: bool = False, prefill: Instance | None = None) -> None:
+              prompt_tokens: int, block_tokens: int, path: str, headers: dict[str, str], *,
+              failed: Collection[str] = (), rearm: bool = False, prefill: Instance | None = None) -> None:
         """Warm the backup of a stream whose first token just arrived, if it qualifies; never waits.
 
         ``rearm``: the stream is a continuation (its engine broke, ``failed`` are the instances it
@@ -134,7 +134,10 @@ class Standby(Hook):
         if backup is None:
             self._metrics.standby_warms.labels("no_backup").inc()
             return
-        booking = Booking.single(f"standby-{self._new_id()}", backup.id, 0, prompt_tokens, keys)
+        # the prompt's blocks are pinned like a routed request's: a prefix the backup already holds for
+        # requests in flight (another session's warm, its own traffic) is booked there once
+        tail = max(0, prompt_tokens - len(keys) * block_tokens)  # a pinning leg books its own KV: the tail past the blocks
+        booking = Booking.single(f"standby-{self._new_id()}", backup.id, 0, tail + 1, keys, block_tokens)
         body = warm_body(parsed.body)
         sent = {**headers, "x-request-id": f"{request_id}-standby"}
         task = asyncio.get_running_loop().create_task(
