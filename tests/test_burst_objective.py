@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # loadtests/ is not an installed package
 
-from loadtests.burst_objective import Shape, run  # noqa: E402
+from loadtests.burst_objective import DRAW_SEED, Shape, drawn, run  # noqa: E402
 from router.config.model import RouterConfig  # noqa: E402
 from router.scheduling import build_policy  # noqa: E402
 from router.tools.replay.cluster import ClusterSpec  # noqa: E402
@@ -28,6 +28,23 @@ def test_the_objective_keeps_the_stalled_share_within_its_quantile_where_no_isol
     # it spends the tail on TTFT: some long prompts prefill on decode instances, unlike strict isolation
     assert strict.long_local == 0 < objective.long_local < off.long_local
     assert objective.ttft_p90 < strict.ttft_p90
+
+
+def test_the_saturation_measure_tells_a_burst_that_fills_the_decode_nics_from_one_that_does_not() -> None:
+    # burst_objective_rule.md item 1, measured without link-aware booking: six prefill instances sending a
+    # burst into two decode NICs move most of its KV on a divided link; four into four move most of it alone
+    into_two = run(Shape.parse("24x32000/6+2/50"), 0, False, "auto")
+    four_by_four = run(Shape.parse("32x32000/4+4/50"), 0, False, "auto")
+    assert into_two.link_shared >= 0.5 > four_by_four.link_shared
+    assert into_two.nic_peak > 0.7 > four_by_four.nic_peak > 0  # the two decode NICs are busy most of the burst
+
+
+def test_the_held_out_shapes_are_drawn_from_their_seed_alone() -> None:
+    shapes = drawn(6)
+    assert shapes == drawn(6) != drawn(6, seed=DRAW_SEED + 1)
+    for s in shapes:
+        assert 8000 <= s.tokens <= 64000 and 6 <= s.prefill + s.decode <= 8 and 2 <= s.prefill <= 6 and s.decode >= 2
+        assert Shape.parse(f"{s.prompts}x{s.tokens}/{s.prefill}+{s.decode}/{s.gbps:g}/{s.spread_s:g}/{s.background}") == s
 
 
 def test_a_replay_of_the_objective_needs_the_virtual_clock() -> None:

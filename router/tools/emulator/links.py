@@ -48,6 +48,12 @@ class Fabric:
     now: float = 0.0
     transfers: dict[Hashable, Transfer] = field(default_factory=dict)
     _users: dict[Hashable, int] = field(default_factory=dict)
+    # what the links carried (loadtests/burst_objective.py's saturation measure): every byte moved, those moved
+    # slower than their transfer would alone (a link on its path divided: demand above its capacity), and per
+    # link the seconds it moved bytes
+    moved_bytes: float = 0.0
+    shared_bytes: float = 0.0
+    busy_s: dict[Hashable, float] = field(default_factory=dict)
 
     def rate(self, t: Transfer) -> float:
         """Bytes/s transfer ``t`` moves at now (0 when it has nothing left to send)."""
@@ -62,13 +68,21 @@ class Fabric:
             raise ValueError(f"link time went backwards: {now} after {self.now}")
         if dt > 0 and self.transfers:
             rates = [(t, self.rate(t)) for t in self.transfers.values()]
+            cap, busy = self.capacity, self.busy_s
+            for link in self._users:
+                busy[link] = busy.get(link, 0.0) + dt
             for t, r in rates:
                 step = min(t.remaining, r * dt)
                 t.remaining -= step
-                t.moved += step
                 if r > 0 and t.remaining < r * SNAP_S:
-                    t.moved += t.remaining
+                    step += t.remaining
                     t.remaining = 0.0
+                if step <= 0:
+                    continue
+                t.moved += step
+                self.moved_bytes += step
+                if r < min(cap[link] for link in t.links) * (1 - 1e-9):
+                    self.shared_bytes += step
             self._recount()
         self.now = max(self.now, now)
 

@@ -36,6 +36,19 @@ def test_the_remaining_transfer_speeds_up_when_the_other_leaves():
     assert (second.id, eta) == ("b", pytest.approx(2.0))  # 100 B left at the full 100 B/s
 
 
+def test_the_fabric_counts_the_bytes_that_moved_on_a_divided_link():
+    # the burst's saturation measure (loadtests/burst_objective_rule.md): a byte moved slower than alone
+    fabric = Fabric({"nic": 100.0, "other": 100.0})
+    fabric.start("a", ["nic"], 50.0, sealed=True)
+    fabric.start("b", ["nic"], 150.0, sealed=True)
+    fabric.advance(1.0)  # both at 50 B/s: a done, 50 of b's moved shared
+    fabric.finish("a")
+    fabric.start("c", ["other"], 100.0, sealed=True)  # alone on its link: never shared
+    fabric.advance(2.0)
+    assert (fabric.moved_bytes, fabric.shared_bytes) == (pytest.approx(300.0), pytest.approx(100.0))
+    assert fabric.busy_s == {"nic": pytest.approx(2.0), "other": pytest.approx(1.0)}  # b's last 50 B alone
+
+
 def test_an_unsealed_transfer_never_completes_and_does_not_load_the_link_when_drained():
     fabric = Fabric({"nic": 100.0})
     fabric.start("s", ["nic"], 100.0)
