@@ -107,3 +107,18 @@ def test_a_re_use_counts_wherever_the_router_sends_the_request():
             idx.record("b", _prefix(tenant - 5), cap=40, now=0)  # in idx only
     assert other.rooms()["a"][1] < 0.2  # without those requests a's evictions are cold
     assert idx.rooms()["a"][1] > 4.0
+
+
+def test_a_forgotten_instance_leaves_the_pools_share():
+    idx = ResidencyIndex(ttl_s=600)
+    for _ in range(30):
+        for tenant in range(1, 6):  # a: every eviction returns
+            idx.record("a", _prefix(tenant), cap=40, now=0)
+    for tenant in range(100, 160):  # b: none does
+        idx.record("b", _prefix(tenant), cap=40, now=0)
+    both = idx._displacement.pool_share()
+    idx.forget("a")
+    assert 0.1 < both < 0.9
+    assert idx._displacement.pool_share() < 0.05  # b's alone
+    idx.forget("b")
+    assert idx._displacement.pool_share() == 0.5  # nothing settled: the prior
