@@ -6,12 +6,24 @@ it would have aged out, and each such miss brings it back by evicting another bl
 may be asked for again in turn. Per instance, the blocks it evicted for room are kept in a
 ghost list (the last ``cap`` of them, so the window is about one cache's turnover); when a
 request is then recorded anywhere without holding one of them (a miss, wherever the router
-sent it), the evicting instance is credited with a re-use. The decaying share ``q`` of its
-evicted blocks re-used that way is the chance that what it evicts is needed again, measured
-from the prefixes' own demand, not assumed; the cascade costs ``q + q^2 + ... = q / (1 - q)``
+sent it), the evicting instance is credited with a re-use, and a ghost that ages out of the
+list unasked is counted as not re-used. The decaying share ``q`` of its settled evictions
+re-used that way is the chance that what it evicts is needed again, measured from the
+prefixes' own demand, not assumed; the cascade costs ``q + q^2 + ... = q / (1 - q)``
 re-prefills per displaced block.
 
-Under light pressure what is evicted is cold (one-off suffixes: q near 0, copies are cheap,
+Only settled evictions count: a ghost still in the list has not had its window yet, and
+counting it as not re-used (as every eviction was, the moment it happened) held ``q`` far
+below what the cache does whenever evictions are recent, which is whenever copies are
+being made (a prefix evicted now returns a few requests later, after the copies it
+should have stopped).
+
+The prior, before an instance has settled evictions of its own: the pool's (every
+instance's settled evictions together, the same prefixes' demand seen from other caches),
+weighed as one cache's worth of evictions and decaying like them; before anything in the
+pool has settled, ``PRIOR_REUSE`` = 1/2, as likely as not (a copy then costs its duplicated
+compute plus one re-prefill of what it evicts: the price before this model). Under light
+pressure what is evicted is cold (one-off suffixes: q falls towards 0, copies are cheap,
 spreading wins); under heavy pressure it comes back (q near 1: keep a prefix at home).
 Blocks the instance has free are displaced for nothing.
 
@@ -19,7 +31,8 @@ A re-use counts wherever the request went: counting only returns to the evicting
 would measure the policy (a router that spreads misses never returns) instead of the demand.
 
 Bounded: one ghost list for the pool, first in first out, holding at most twice the
-instances' capacities together (trimmed in bulk to once); a block evicted by two instances is credited to the later one.
+instances' capacities together (trimmed in bulk to once, the trimmed ghosts settled as not
+re-used); a block evicted by two instances is credited to the later one.
 On the decision path (every booking records its prompt): the lookup is one C-level set
 intersection of the prompt's missing blocks with the ghost list, and the evicted blocks
 join it in one update, so a 500-block record stays a small multiple of the LRU's own work.
@@ -33,11 +46,12 @@ from collections.abc import Iterable, Mapping
 from itertools import islice, repeat
 from types import MappingProxyType
 
-# With no eviction seen yet, nothing evicted is known to come back (placement then prices a
-# copy at its compute alone, as it did before this model); the prior weighs as one cache's
-# worth of evictions. The measured share is held below 0.9 (at most 9 re-prefills per
-# token): a cache whose every eviction returns would otherwise price a copy at infinity.
-PRIOR_REUSE, MAX_REUSE = 0.0, 0.9
+# Before anything in the pool has settled, an eviction is as likely as not to come back
+# (one re-prefill per evicted token: the price before this model); an instance's prior
+# weighs as one cache's worth of evictions. The share is held below 0.9 (at most 9
+# re-prefills per token): a cache whose every eviction returns would otherwise price a copy
+# at infinity.
+PRIOR_REUSE, MAX_REUSE = 0.5, 0.9
 WINDOW_CAPS = 4  # the counts forget over this many caches' worth of evictions
 FULL_ROOM: tuple[int, float] = (0, 0.0)  # (free blocks, re-prefills per displaced token) when unmeasured
 
@@ -46,8 +60,10 @@ class Displacement:
     def __init__(self) -> None:
         self._ghosts: dict[int, str] = {}  # block evicted for room -> by whom, oldest first
         self._caps: dict[str, int] = {}  # instance -> its capacity in blocks: the ghost list holds their sum
-        self._evicted: dict[str, float] = {}  # decaying count of blocks evicted for room
-        self._reused: dict[str, float] = {}  # decaying count of those asked for again while in the ghost list
+        self._reused: dict[str, float] = {}  # decaying count of evictions asked for again while in the ghost list
+        self._expired: dict[str, float] = {}  # decaying count of evictions that aged out of it unasked
+        self._prior: dict[str, float] = {}  # decaying weight of the pool's share in the instance's own
+        self._pool = [0.0, 0.0]  # the instances' re-used and expired counts together
         self._free: dict[str, int] = {}  # instance -> free blocks at its last record
         self._room: dict[str, tuple[int, float]] = {}  # instance -> (free blocks, re-prefills per displaced token)
 
@@ -55,6 +71,11 @@ class Displacement:
         """Per instance, (free blocks, re-prefills per displaced token): read-only and live;
         an instance never recorded is absent (FULL_ROOM)."""
         return MappingProxyType(self._room)
+
+    def pool_share(self) -> float:
+        """The share of the pool's settled evictions that were asked for again (PRIOR_REUSE before any settled)."""
+        reused, expired = max(0.0, self._pool[0]), max(0.0, self._pool[1])  # float drift of the decays
+        return reused / (reused + expired) if reused + expired > 1e-9 else PRIOR_REUSE
 
     def asked(self, missing: Iterable[int]) -> None:
         """A request is being recorded without holding these blocks: credit every instance
@@ -65,10 +86,7 @@ class Displacement:
         found = ghosts.keys() & missing
         if not found:
             return
-        reused = self._reused
-        for inst, count in Counter(map(ghosts.pop, found)).items():
-            reused[inst] = reused.get(inst, 0.0) + count
-            self._update(inst)
+        self._settle(self._reused, 0, Counter(map(ghosts.pop, found)))
 
     def evicted(self, instance: str, keys: list[int], cap: int, free: int) -> None:
         """``instance`` evicted ``keys`` for room (possibly none) and has ``free`` blocks of ``cap`` left."""
@@ -77,25 +95,44 @@ class Displacement:
             ghosts = self._ghosts
             ghosts.update(zip(keys, repeat(instance)))
             self._caps[instance] = cap
-            limit = sum(self._caps.values())
-            if len(ghosts) > 2 * limit:  # trimmed in bulk (C-level), to the limit, oldest first
-                self._ghosts = dict(islice(ghosts.items(), len(ghosts) - limit, None))
+            if instance not in self._prior:  # the pool's share, as one cache's worth of evictions
+                self._prior[instance] = float(cap)
             decay = math.exp(-len(keys) / (WINDOW_CAPS * max(1, cap)))
-            if instance not in self._evicted:  # the prior, as one cache's worth of evictions; it decays like them
-                self._evicted[instance], self._reused[instance] = float(cap), PRIOR_REUSE * cap
-            self._evicted[instance] = self._evicted[instance] * decay + len(keys)
-            self._reused[instance] = self._reused.get(instance, 0.0) * decay
+            pool, reused, expired = self._pool, self._reused, self._expired
+            r, x = reused.get(instance, 0.0), expired.get(instance, 0.0)
+            reused[instance], expired[instance] = r * decay, x * decay
+            pool[0] -= r * (1.0 - decay)
+            pool[1] -= x * (1.0 - decay)
+            self._prior[instance] *= decay
+            limit = sum(self._caps.values())
+            if len(ghosts) > 2 * limit:  # trimmed in bulk (C-level), to the limit, oldest first: settled unasked
+                drop = len(ghosts) - limit
+                aged = Counter(islice(ghosts.values(), drop))
+                self._ghosts = dict(islice(ghosts.items(), drop, None))
+                self._settle(expired, 1, aged)
         self._update(instance)
+
+    def _settle(self, table: dict[str, float], side: int, counts: Counter[str]) -> None:
+        for inst, count in counts.items():
+            table[inst] = table.get(inst, 0.0) + count
+            self._pool[side] += count
+            self._update(inst)
 
     def forget(self, instance: str) -> None:
         ghosts = self._ghosts
         for key in [k for k, inst in ghosts.items() if inst == instance]:
             del ghosts[key]
-        for table in (self._caps, self._evicted, self._reused, self._free, self._room):
+        self._pool[0] -= self._reused.get(instance, 0.0)
+        self._pool[1] -= self._expired.get(instance, 0.0)
+        if not self._reused.keys() - {instance}:  # no other instance left: no drift to carry
+            self._pool[:] = [0.0, 0.0]
+        for table in (self._caps, self._reused, self._expired, self._prior, self._free, self._room):
             table.pop(instance, None)
 
     def _update(self, instance: str) -> None:
         free = self._free.get(instance, 0)
-        evicted = self._evicted.get(instance, 0.0)
-        share = min(MAX_REUSE, self._reused.get(instance, 0.0) / evicted) if evicted else PRIOR_REUSE
+        prior, weight = self.pool_share(), self._prior.get(instance, 0.0)
+        reused = self._reused.get(instance, 0.0)
+        settled = reused + self._expired.get(instance, 0.0) + weight
+        share = min(MAX_REUSE, (reused + weight * prior) / settled if settled > 0.0 else prior)
         self._room[instance] = (max(0, free), share / (1.0 - share))

@@ -121,5 +121,5 @@ async def test_both_stores_give_decisions_the_lru_confidence(make_store):
     assert snap.matched["a"] == 2
     assert 0.0 < seen[0]["a"] < 1.0 and 0.0 < snap.confidence["a"] < 1.0
     # and the cache room of the displacement model (router/state/displacement.py): one of a's
-    # 40 blocks is free, nothing it evicted is known to come back; b has seen nothing
-    assert rooms[0]["a"] == snap.room["a"] == (1, 0.0) and "b" not in rooms[0]
+    # 40 blocks is free, nothing in the pool has settled (the prior: one re-prefill); b has seen nothing
+    assert rooms[0]["a"] == snap.room["a"] == (1, 1.0) and "b" not in rooms[0]
