@@ -23,7 +23,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from router.core.exposition import BuildInfo, WorkerProcesses, multiprocess_dir
 from router.core.plain_export import MultiprocessExport
-from router.core.plain_metrics import AnyFamily, PlainCollector, PlainCounter, PlainGauge, PlainHistogram
+from router.core.plain_metrics import AnyFamily, CounterChild, GaugeChild, HistogramChild, PlainCollector, PlainCounter, PlainGauge, PlainHistogram
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _FAST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
@@ -54,6 +54,44 @@ class _StoreCounters:
         yield degraded
 
 
+class EngineSeries:
+    """One engine's series a request records into, looked up once per engine rather than per
+    record (a lookup cost about what the record itself does): in flight, first byte, what its
+    decision expected cached, and requests and latency by (model, outcome), bounded as those are.
+    Each child is made when first read, as ``labels()`` would (a series shows once recorded)."""
+
+    __slots__ = ("inflight", "ttfb", "cached_ratio", "predicted_cached", "routed_prompt", "_metrics", "_engine",
+                 "_outcomes")
+    inflight: GaugeChild
+    ttfb: HistogramChild
+    cached_ratio: HistogramChild
+    predicted_cached: CounterChild
+    routed_prompt: CounterChild
+
+    def __init__(self, metrics: Metrics, engine: str) -> None:
+        self._metrics, self._engine = metrics, engine
+        self._outcomes: dict[tuple[str, str], tuple[CounterChild, HistogramChild]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # only for a slot not set yet
+        if name not in _ENGINE_CHILDREN:
+            raise AttributeError(name)
+        child = getattr(self._metrics, name).labels(self._engine)
+        setattr(self, name, child)
+        return child
+
+    def outcome(self, model: str, outcome: str) -> tuple[CounterChild, HistogramChild]:
+        """The ``requests`` and ``latency`` children of (this engine, ``model``, ``outcome``)."""
+        pair = self._outcomes.get((model, outcome))
+        if pair is None:
+            m = self._metrics
+            pair = self._outcomes[(model, outcome)] = (m.requests.labels(self._engine, model, outcome),
+                                                       m.latency.labels(self._engine, model, outcome))
+        return pair
+
+
+_ENGINE_CHILDREN = frozenset(("inflight", "ttfb", "cached_ratio", "predicted_cached", "routed_prompt"))
+
+
 class Metrics:
     """Every metric the router records. ``registry`` is what /metrics serves.
 
@@ -64,6 +102,7 @@ class Metrics:
         self.multiprocess_path = multiprocess_path or multiprocess_dir()
         self.generation = 0  # bumped when an engine's series are dropped (for caches of label children)
         self._children: dict[tuple[str, ...], Any] = {}
+        self._engines: dict[str, EngineSeries] = {}
         self.registry = CollectorRegistry()
         # In multiprocess mode the metric objects only feed the shared files; the served
         # registry reads those files (all workers) rather than this process's objects.
@@ -164,6 +203,7 @@ class Metrics:
             self._export.export()
         self.generation += 1  # whoever caches label children drops them
         self._children.clear()
+        self._engines.clear()
         for metric in self.per_engine():
             metric.remove_by_labels({"engine": engine})
 
@@ -187,6 +227,22 @@ class Metrics:
         if child is None:
             child = self._children[key] = getattr(self, name).labels(*labels)
         return child
+
+    def engine(self, engine: str) -> EngineSeries:
+        """The series of ``engine`` a request records into (dropped by :meth:`forget_engine`)."""
+        series = self._engines.get(engine)
+        if series is None:
+            series = self._engines[engine] = EngineSeries(self, engine)
+        return series
+
+    def decided(self, policy: str, reason: str, mode: str) -> tuple[HistogramChild, CounterChild, CounterChild]:
+        """The decision's ``store_latency`` ("decide"), ``decisions`` and ``modes`` children."""
+        key = ("\0decided", policy, reason, mode)  # no metric is named so: apart from child()'s keys
+        series: tuple[HistogramChild, CounterChild, CounterChild] | None = self._children.get(key)
+        if series is None:
+            series = self._children[key] = (self.store_latency.labels("decide"), self.decisions.labels(policy, reason),
+                                            self.modes.labels(mode))
+        return series
 
     def export(self) -> None:
         """Multiprocess mode: add what this worker recorded since the last call to the shared files.

@@ -100,3 +100,32 @@ def test_two_workers_files_sum_to_what_prometheus_clients_multiprocess_metrics_w
     assert any(k[3].endswith("_bucket") for k in new) and any(k[1] == "gauge" for k in new)
     for key, value in old.items():  # a sum of deltas rounds differently from a sum of samples
         assert new[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+
+
+def test_an_engines_series_show_once_recorded_and_go_with_the_engine(monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 1764590000.125)
+    bundled, plain = Metrics(), Metrics()
+    for engine in ("a", "b", "a"):
+        series = bundled.engine(engine)
+        series.inflight.inc()
+        series.ttfb.observe(0.01)
+        requests, latency = series.outcome("m", "ok")
+        requests.inc()
+        latency.observe(0.02)
+        for metric in bundled.decided("ttft", "score", "colocated"):
+            metric.observe(0.001) if hasattr(metric, "observe") else metric.inc()
+        plain.child("inflight", engine).inc()
+        plain.child("ttfb", engine).observe(0.01)
+        plain.child("requests", engine, "m", "ok").inc()
+        plain.child("latency", engine, "m", "ok").observe(0.02)
+        plain.child("store_latency", "decide").observe(0.001)
+        plain.child("decisions", "ttft", "score").inc()
+        plain.child("modes", "colocated").inc()
+    text = bundled.exposition().decode()
+    assert "pd_router_estimated_cached_prefix_ratio_count" not in text  # never recorded: no series
+    assert text.split("# HELP pd_router_build_info")[0] == plain.exposition().decode().split("# HELP pd_router_build_info")[0]
+    bundled.forget_engine("a")
+    bundled.engine("a").inflight.inc()  # a fresh series, not the forgotten child
+    assert bundled.registry.get_sample_value("pd_router_inflight_requests", {"engine": "a"}) == 1
+    assert bundled.registry.get_sample_value("pd_router_requests_total", {"engine": "a", "model": "m", "outcome": "ok"}) is None
+    assert bundled.registry.get_sample_value("pd_router_requests_total", {"engine": "b", "model": "m", "outcome": "ok"}) == 1
