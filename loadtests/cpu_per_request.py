@@ -180,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="then py-spy each pd-router (memory) target this long; print the hottest frames")
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    p.add_argument("--section", default=SECTION,
+                   help="title of the docs/benchmarks.md section --write replaces, or appends when new")
     args = p.parse_args(argv)
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs two cores: the router on one, load and backends on the other")
@@ -234,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "CPU µs / request = (utime + stime of the router's process tree, all threads, over the cell) / answers: "
                   "robust to the other tenants of this shared machine, unlike req/s and p50, which are wall-clock and "
                   "shown for reference only (the load generator shares core 1 with the backend).")
-        write_section(SECTION, "python loadtests/cpu_per_request.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        write_section(args.section, "python loadtests/cpu_per_request.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                       method + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n" + body)
     return 0
 

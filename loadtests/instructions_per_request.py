@@ -133,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--idle", type=float, default=6.0, help="instrumented idle seconds per run (subtracted)")
     p.add_argument("--warmup", type=float, default=8.0)
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    p.add_argument("--section", default=SECTION,
+                   help="title of the docs/benchmarks.md section --write replaces, or appends when new")
     args = p.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("needs valgrind (callgrind and callgrind_control)")
@@ -170,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{args.duration:.0f} s instrumented under load per run after {args.warmup:.0f} s warm-up, the idle "
                   f"rate over {args.idle:.0f} s subtracted; builds alternate, {args.repeats} runs each. Kernel time "
                   "(socket syscalls) is not counted: compare builds of the router, not routers. " + load + ".")
-        write_section(SECTION, "python loadtests/instructions_per_request.py " + " ".join(
+        write_section(args.section, "python loadtests/instructions_per_request.py " + " ".join(
             argv if argv is not None else sys.argv[1:]), method + "\n\n" + body)
     return 0
 

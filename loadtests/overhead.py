@@ -173,8 +173,9 @@ def render(results: dict[tuple[str, int], LoadResult], targets: Sequence[str], c
 
 
 def run_profile(pid: int, url: str, seconds: float, out: str, bodies: Sequence[dict[str, object]]) -> str:
-    """py-spy (sampling, 200 Hz) a router process while driving it at concurrency 16; summarise."""
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+    """py-spy (sampling, 200 Hz, ``--nonblocking``: blocking samples land at syscall boundaries in this
+    VM) a router process while driving it at concurrency 16; summarise."""
+    spy = subprocess.Popen(["py-spy", "record", "--nonblocking", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
                             "--format", "raw", "--output", out],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ,
                            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")})

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from router.config.model import RouterConfig
 from router.core.errors import Forbidden, NoCapacity, Unauthorized
@@ -224,7 +224,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
     async def prometheus() -> Response:
         for inst in pool:
             metrics.healthy.labels(inst.id).set(1 if inst.healthy else 0)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def require_admin(request: Request) -> None:
         token = config.server.admin_token

@@ -150,35 +150,38 @@ class CalibrationHook(Hook):
 class MetricsHook(Hook):
     """In-flight gauge, time to first byte, requests and latency by outcome, retries.
 
-    Label children are kept by ``Metrics.child`` (bounded: instances x outcomes)."""
+    An engine's children are kept by ``Metrics.engine`` (bounded: instances x outcomes)."""
 
     def __init__(self, metrics: Metrics) -> None:
+        self._engine = metrics.engine
         self._child = metrics.child
 
     async def before_send(self, attempt: Attempt) -> None:
-        self._child("inflight", attempt.instance.id).inc()
+        self._engine(attempt.instance.id).inflight.inc()
 
     async def first_byte(self, attempt: Attempt) -> None:
-        self._child("ttfb", attempt.instance.id).observe(attempt.first_byte_s)
+        assert attempt.first_byte_s is not None  # set just before first_byte runs (lifecycle.py)
+        self._engine(attempt.instance.id).ttfb.observe(attempt.first_byte_s)
 
     async def end(self, attempt: Attempt, outcome: Outcome) -> None:
-        instance, model = attempt.instance.id, attempt.instance.config.model or ""
-        self._child("inflight", instance).dec()
-        self._child("requests", instance, model, outcome).inc()
-        self._child("latency", instance, model, outcome).observe(attempt.duration_s)
+        series = self._engine(attempt.instance.id)
+        series.inflight.dec()
+        requests, latency = series.outcome(attempt.instance.config.model or "", outcome)
+        requests.inc()
+        assert attempt.duration_s is not None  # set just before end and abandon run
+        latency.observe(attempt.duration_s)
 
     async def abandon(self, attempt: Attempt, why: Abandon) -> None:
-        self._child("inflight", attempt.instance.id).dec()
+        self._engine(attempt.instance.id).inflight.dec()
         if why.kind == "retry":
             self._child("retries", why.instance, why.reason).inc()
-        elif why.kind == "passed":  # an engine's error answer, relayed: a request with that outcome
+        elif why.kind in ("passed", "client_disconnect"):  # passed: an engine's error answer, relayed
             model = attempt.instance.config.model or ""  # the engine's declared model: bounded, never the client's
-            self._child("requests", why.instance, model, why.reason).inc()
-            self._child("latency", why.instance, model, why.reason).observe(attempt.duration_s)
-        elif why.kind == "client_disconnect":
-            model = attempt.instance.config.model or ""
-            self._child("requests", why.instance, model, "client_disconnect").inc()
-            self._child("latency", why.instance, model, "client_disconnect").observe(attempt.duration_s)
+            outcome = why.reason if why.kind == "passed" else "client_disconnect"
+            requests, latency = self._engine(why.instance).outcome(model, outcome)
+            requests.inc()
+            assert attempt.duration_s is not None
+            latency.observe(attempt.duration_s)
         # "failed": the router's own error, counted as rejected where it is raised
 
 

@@ -148,13 +148,15 @@ async def decide(
             book_store_load(tier, req, decision, snap, candidates)
         tier.record(req.keys)
     if metrics is not None:
-        metrics.child("store_latency", "decide").observe(time.perf_counter() - started)
-        metrics.child("decisions", policy.name, decision.reason).inc()
-        metrics.child("modes", decision.mode).inc()
+        latency, decisions, modes = metrics.decided(policy.name, decision.reason, decision.mode)
+        latency.observe(time.perf_counter() - started)
+        decisions.inc()
+        modes.inc()
         if req.prompt_tokens:
             prefilling = decision.prefill or decision.instance
             cached = min(req.prompt_tokens, snap.matched.get(prefilling, 0) * req.block_tokens)
-            metrics.child("cached_ratio", prefilling).observe(cached / req.prompt_tokens)
-            metrics.child("predicted_cached", prefilling).inc(cached * snap.confidence.get(prefilling, 1.0))
-            metrics.child("routed_prompt", prefilling).inc(req.prompt_tokens)
+            series = metrics.engine(prefilling)
+            series.cached_ratio.observe(cached / req.prompt_tokens)
+            series.predicted_cached.inc(cached * snap.confidence.get(prefilling, 1.0))
+            series.routed_prompt.inc(req.prompt_tokens)
     return Routed(booking, decision, snap, started)
