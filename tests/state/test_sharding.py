@@ -142,3 +142,26 @@ def test_block_keys_are_written_the_same_way_however_they_are_formatted():
     other = lay.lookup([keys[0] + 1, *keys[1:]], [], 1000)  # the same blocks after another first block
     tag = lay.residency_tag(lay.residency_shard(keys[0] + 1))
     assert list(other.keys) == [tag + ":fg", *(f"{tag}:b:{k:016x}" for k in [keys[0] + 1, *keys[1:]])]
+
+
+async def test_blocks_named_by_the_script_are_the_blocks_the_router_declares(redis_url, key_prefix):
+    """A standalone store's look-up names its blocks from the hex (declare_keys=False); a
+    Cluster's declares them: one Redis sees the same residency either way, and evictions
+    queued by one are taken back under the names the other wrote."""
+    named = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, declare_keys=False)
+    declared = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, declare_keys=True)
+    await named.start()
+    await declared.start()
+    try:
+        keys = [2**63 + 5, 17, 2**64 - 1]  # hex of 16 digits whatever the size
+        _, b = await named.decide(keys, INSTANCES, GreedyChooser("n1", keys, only="i3"))
+        assert (await declared.snapshot(keys, INSTANCES)).matched["i3"] == 3
+        await named.release(b)
+        _, b = await declared.decide(keys[:2], INSTANCES, GreedyChooser("d1", keys[:2], only="i5"))
+        assert (await named.snapshot(keys, INSTANCES)).matched["i5"] == 2
+        await declared.release(b)
+        await named.abandon((await named.decide(keys, INSTANCES, GreedyChooser("n2", keys, only="i7")))[1], {})
+        assert (await declared.snapshot(keys, INSTANCES)).matched["i7"] == 0  # taken back under the same names
+    finally:
+        await named.close()
+        await declared.close()
