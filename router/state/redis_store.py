@@ -73,9 +73,7 @@ class RedisStore(StateStore):
     ) -> None:
         self._url = url
         self._cluster = cluster
-        # every key a script touches among its KEYS: a Cluster's requirement; a standalone
-        # Redis's look-up names its blocks itself (Layout.lookup)
-        self._declare = cluster if declare_keys is None else declare_keys
+        self._declare = cluster if declare_keys is None else declare_keys  # every key in KEYS? (Layout.lookup)
         self._layout = Layout(key_prefix, residency_shards, instance_shards)
         self._writes = WriteQueue(self._layout, request_tokens, flush_s, self._send_queued)
         self._caps = dict(caps)
@@ -195,8 +193,7 @@ class RedisStore(StateStore):
         ops: list[Op] = []
         book_keys = booking.keys if booking is not None and record else ()
         recorders = booking.instances if booking is not None else ()
-        hex_keys = lay.hex_blocks(book_keys) if book_keys else ""
-        declare = self._declare
+        hex_keys, declare = lay.hex_blocks(book_keys) if book_keys else "", self._declare
         if keys:
             same = book_keys is keys or tuple(book_keys) == tuple(keys)
             ops.append(lay.lookup(keys, recorders if book_keys and same else (), self._ttl_ms,
