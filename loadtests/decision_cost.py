@@ -252,13 +252,13 @@ async def main(args: argparse.Namespace) -> int:
                 iters = max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1))
                 r = await bench_case(factory, n, tokens, iters, args.pd, k)
                 found.append({"store": name, "instances": n, "tokens": tokens, **r})
-                if args.json:
+                if getattr(args, "json", False):
                     continue
                 rows.append([name + (" (PD)" if args.pd else ""), k or "off", n, tokens, r["blocks"], f"{r['hash_us']:.0f}",
                              f"{r['decide_us']:.0f}", f"{r['total_us']:.0f}", f"{r['p99_us']:.0f}", f"{r['cpu_us']:.0f}",
                              f"{r['server_cpu_us']:.0f}", f"{r['trips']:.0f}"])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    if args.json:
+    if getattr(args, "json", False):
         print(json.dumps(found))
         return 0
     out = table(["store", "pruning k", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
