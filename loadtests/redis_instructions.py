@@ -10,7 +10,9 @@ and with ``--baseline REF`` the router package of that commit) and case, a subpr
 ``decision_cost.bench_case`` twice on the Redis store, with 5 and with 5 + ``--iterations``
 decisions (the same set-up: every instance busy, the prompt's prefix on 4 of them); the
 difference of the server's instruction counts over ``--iterations`` is one decision and its
-release. Trees alternate.
+release. Trees alternate. ``--router``: the subprocess runs under callgrind too, and its
+own count (the router's side of the same decisions: hashing, the local mirror, packing the
+call, redis-py, reading the reply; Python start-up cancels out) is printed beside.
 
     python loadtests/redis_instructions.py [--baseline REF] [--instances 256 1024] [--tokens 32768 131072] [--write]
 """
@@ -89,29 +91,39 @@ def main(args: argparse.Namespace) -> int:
                                  text=True, check=True).stdout.strip()
             trees = {rev: str(stack.enter_context(router_source(args.baseline))), "now": ""}
         counts: dict[tuple[str, int, int], int] = {}
+        router: dict[tuple[str, int, int], int] = {}
         for n in args.instances:
             for tokens in args.tokens:
                 for name, source in trees.items():
                     env = dict(os.environ, DECISION_COST_SOURCE=source)
-                    irs = []
+                    irs, own = [], []
                     for iters in (5, 5 + args.iterations):
                         subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
-                        subprocess.run([sys.executable, __file__, "--child", url, str(n), str(tokens), str(iters)], env=env,
-                                       check=True, capture_output=True)
+                        wrap = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={outdir}/router.out"] if args.router else []
+                        done = subprocess.run([*wrap, sys.executable, __file__, "--child", url, str(n), str(tokens), str(iters)],
+                                              env=env, check=True, capture_output=True, text=True)
                         irs.append(instructions(server.pid, outdir))
+                        found = re.search(r"Collected : (\d+)", done.stderr)
+                        own.append(int(found.group(1)) if found else 0)
                     counts[name, n, tokens] = (irs[1] - irs[0]) // args.iterations
-                    print(f"{name} {n} x {tokens}: {counts[name, n, tokens] / 1000:,.0f} k instructions", flush=True)
+                    router[name, n, tokens] = (own[1] - own[0]) // args.iterations
+                    print(f"{name} {n} x {tokens}: {counts[name, n, tokens] / 1000:,.0f} k instructions"
+                          + (f", router {router[name, n, tokens] / 1000:,.0f} k" if args.router else ""), flush=True)
         client.shutdown(nosave=True)
     names = list(trees)
-    rows = [[f"{n:,} × {tokens // 1024}K", *(f"{counts[t, n, tokens] / 1000:,.0f} k" for t in names)]
-            + ([f"{counts['now', n, tokens] / counts[names[0], n, tokens] - 1:+.0%}"] if len(names) > 1 else [])
-            for n in args.instances for tokens in args.tokens]
-    out = table(["instances × tokens", *(f"{t}: instructions per decision + release" for t in names)]
+    sides = [("redis-server", counts)] + ([("router", router)] if args.router else [])
+    rows = []
+    for n in args.instances:
+        for tokens in args.tokens:
+            for side, got in sides:
+                rows.append([f"{n:,} × {tokens // 1024}K", side, *(f"{got[t, n, tokens] / 1000:,.0f} k" for t in names)]
+                            + ([f"{got['now', n, tokens] / got[names[0], n, tokens] - 1:+.0%}"] if len(names) > 1 else []))
+    out = table(["instances × tokens", "process", *(f"{t}: instructions per decision + release" for t in names)]
                 + (["change"] if len(names) > 1 else []), rows)
     print(out)
     if args.write:
         write_section("Redis server instructions per decision", "python loadtests/redis_instructions.py " + " ".join(sys.argv[1:]),
-                      f"redis-server under callgrind (user space), {args.iterations} decisions with their releases per "
+                      f"Processes under callgrind (user space), {args.iterations} decisions with their releases per "
                       "case (decision_cost.py's set-up, candidate pruning k = 16), the count of 5 subtracted.\n\n" + out)
     return 0
 
@@ -125,5 +137,6 @@ if __name__ == "__main__":
     p.add_argument("--instances", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
     p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--router", action="store_true", help="count the router's (benchmark process's) instructions too")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     raise SystemExit(main(p.parse_args()))
