@@ -7,6 +7,10 @@ the memory store and, with ``--redis URL``, the Redis store (round trips counted
 
     python loadtests/decision_cost.py [--redis redis://127.0.0.1:6379/0] [--pd] [--phases] [--write]
 
+``--baseline REF --rounds N`` runs the cases N times for the router package of git REF and
+for this tree in turn (each in a subprocess, alternating which goes first) and prints both
+side by side (``--write``: a section of its own, "Decision cost side by side").
+
 ``--pd`` measures clusters of half prefill, half decode instances instead, where ``ttft``
 prices (P, D) routes. ``--phases`` also prints, for the memory store, the median of each
 phase of a decision timed on its own: hashing, pruning, snapshot, choice (filters, scoring,
@@ -17,13 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+if os.environ.get("DECISION_COST_SOURCE"):  # --baseline's subprocess: the router package of another commit
+    sys.path.insert(0, os.environ["DECISION_COST_SOURCE"])
 
 from loadtests.report import table, write_section  # noqa: E402
 from router.config.model import HashingConfig, PDConfig, PolicyConfig  # noqa: E402
@@ -184,13 +193,56 @@ def redis_factory(url: str, cluster: bool = False):
 
 
 def load_note() -> str:
-    import os
-
     return "Load average during the run: %.1f / %.1f / %.1f (2 cores)." % os.getloadavg()
+
+
+def side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--baseline``: the cases in a subprocess per tree and round; ranges over the rounds."""
+    import subprocess
+
+    from loadtests.overhead import router_source
+
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    keep = [a for a in argv if a != "--write"]
+    cut = keep.index("--baseline")
+    keep = keep[:cut] + keep[cut + 2:]
+    results: dict[str, list[list[dict[str, float]]]] = {rev: [], "now": []}
+    loads = []
+    with router_source(args.baseline) as source:
+        for rnd in range(args.rounds):
+            for tree in ([rev, "now"] if rnd % 2 == 0 else ["now", rev]):
+                env = dict(os.environ, DECISION_COST_SOURCE=str(source) if tree == rev else "")
+                out = subprocess.run([sys.executable, __file__, *keep, "--json"], env=env, capture_output=True, text=True,
+                                     check=True).stdout
+                results[tree].append(json.loads(out.strip().splitlines()[-1]))
+                loads.append(os.getloadavg()[0])
+                print(f"round {rnd + 1} {tree} done (load {loads[-1]:.1f})", flush=True)
+
+    def span(tree: str, i: int, field: str) -> str:
+        vals = [run[i][field] for run in results[tree]]
+        return f"{min(vals):,.0f}" if len(vals) == 1 or min(vals) == max(vals) else f"{min(vals):,.0f}–{max(vals):,.0f}"
+
+    rows = []
+    for i, case in enumerate(results["now"][0]):
+        rows.append([case["store"], f"{int(case['instances']):,} × {int(case['tokens']) // 1024}K",
+                     *(f"{span(rev, i, f)} → {span('now', i, f)}" for f in ("total_us", "p99_us", "cpu_us", "server_cpu_us")),
+                     f"{span(rev, i, 'trips')} → {span('now', i, 'trips')}"])
+    out = table(["store", "instances × tokens", f"total µs p50 ({rev} → now)", "total µs p99", "router CPU µs / decision",
+                 "Redis CPU µs / decision", "round trips"], rows)
+    print(out)
+    if args.write:
+        note = (f"{args.rounds} rounds, each tree in its own process per round, alternating which runs first; ranges over "
+                f"the rounds. Load average (1 min) after each run: {min(loads):.1f}–{max(loads):.1f} (2 cores). CPU columns "
+                "as in \"Decision cost at scale\" (benchmark process per decision + release; redis-server INFO cpu delta).")
+        write_section("Decision cost side by side", "python loadtests/decision_cost.py " + " ".join(argv),
+                      note + "\n\n" + out)
+    return 0
 
 
 async def main(args: argparse.Namespace) -> int:
     rows = []
+    found = []
     stores = [("memory", memory_factory())] + ([("redis", redis_factory(args.redis))] if args.redis else []) + \
         ([("redis cluster", redis_factory(args.redis_cluster, cluster=True))] if getattr(args, "redis_cluster", None) else [])
     cases = [(name, factory, k) for name, factory in stores for k in (args.candidates if not args.pd else [0])]
@@ -199,10 +251,16 @@ async def main(args: argparse.Namespace) -> int:
             for tokens in args.tokens:
                 iters = max(5, args.iterations // (4 if tokens >= 65536 or n >= 1024 else 1))
                 r = await bench_case(factory, n, tokens, iters, args.pd, k)
+                found.append({"store": name, "instances": n, "tokens": tokens, **r})
+                if getattr(args, "json", False):
+                    continue
                 rows.append([name + (" (PD)" if args.pd else ""), k or "off", n, tokens, r["blocks"], f"{r['hash_us']:.0f}",
                              f"{r['decide_us']:.0f}", f"{r['total_us']:.0f}", f"{r['p99_us']:.0f}", f"{r['cpu_us']:.0f}",
                              f"{r['server_cpu_us']:.0f}", f"{r['trips']:.0f}"])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
+    if getattr(args, "json", False):
+        print(json.dumps(found))
+        return 0
     out = table(["store", "pruning k", "instances", "prompt tokens", "blocks", "hash µs (p50)", "decide µs (p50)", "total µs (p50)",
                  "total µs (p99)", "router CPU µs / decision", "Redis CPU µs / decision", "Redis round trips / decision"], rows)
     print(out)
@@ -243,4 +301,10 @@ if __name__ == "__main__":
                    help="candidate pruning: holders + this many least-loaded (policy.candidates); 0 = score all")
     p.add_argument("--phases", action="store_true", help="also time each phase of a memory-store decision alone")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
-    raise SystemExit(asyncio.run(main(p.parse_args())))
+    p.add_argument("--baseline", metavar="REF", help="also run the router package of this git commit, side by side")
+    p.add_argument("--rounds", type=int, default=1, help="with --baseline: rounds of each tree")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    parsed = p.parse_args()
+    if parsed.baseline:
+        raise SystemExit(side_by_side(parsed, sys.argv[1:]))
+    raise SystemExit(asyncio.run(main(parsed)))

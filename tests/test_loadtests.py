@@ -218,6 +218,19 @@ def test_decision_cost_measures_the_redis_store_in_one_round_trip(redis_url: str
     assert len(phases) == 2 and all(len(line.strip(" |").split(" | ")) == 9 for line in phases)  # every phase timed
 
 
+def test_decision_cost_side_by_side_runs_both_trees(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import decision_cost
+
+    argv = ["--redis", redis_url, "--instances", "20", "--tokens", "1024", "--iterations", "5", "--candidates", "4",
+            "--baseline", "HEAD", "--rounds", "2"]
+    args = argparse.Namespace(redis=redis_url, baseline="HEAD", rounds=2, write=False)
+    assert decision_cost.side_by_side(args, argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| redis | 20 × 1K |")]
+    assert len(rows) == 1 and rows[0].rstrip(" |").endswith("| 1 → 1"), out  # one round trip per decision in both trees
+    assert out.count(" done (load ") == 4  # two rounds of each tree
+
+
 def test_scale_out_end_to_end_with_one_replica(capsys: pytest.CaptureFixture[str]) -> None:
     from loadtests import scale_out
 

@@ -108,16 +108,31 @@ class Layout:
             return "".join(map(_HEX.format, keys))
 
     @staticmethod
+    def block_id(key: int) -> str:
+        """A block key as the residency shards name it (16 hex digits)."""
+        return _HEX.format(key)
+
+    @staticmethod
     def parse_member(member: str) -> tuple[int, str]:
-        """(residency shard, block key as the residency shard names it) of an LRU member."""
+        """(residency shard, block key as the residency shard names it: 16 hex digits) of an LRU member."""
         shard, _, key = member.partition(":")
-        return int(shard), str(int(key, 16))
+        return int(shard), key
 
     # -- residency shard ops -------------------------------------------------------------
-    def lookup(self, keys: Sequence[int], record: Sequence[str], ttl_ms: int) -> Op:
-        """Depth of every holder of ``keys[0]``, then record ``keys`` on ``record``."""
+    def lookup(self, keys: Sequence[int], record: Sequence[str], ttl_ms: int, hex_keys: str = "",
+               declare: bool = True) -> Op:
+        """Depth of every holder of ``keys[0]``, then record ``keys`` on ``record``. Without
+        ``declare`` (a standalone Redis, which never checks a script's keys) the blocks' keys
+        are not declared: the script names the few it touches from ``hex_keys``
+        (``hex_blocks(keys)``), so a 512-block prompt sends one argument instead of 512 names
+        (packing them was 28% of the router process's CPU per Redis decision in cProfile). A Cluster needs
+        every key declared (and so does a key outside 64 bits, whose hex is not 16 digits)."""
         tag = self.residency_tag(self.residency_shard(keys[0]))
-        return Op("L", tag, [tag + ":fg", *self._block_names(tag, keys)], [ttl_ms, len(record), *record])
+        if not declare:
+            hex_keys = hex_keys or self.hex_blocks(keys)
+            if len(hex_keys) == 16 * len(keys):
+                return Op("L", tag, [tag + ":fg"], [ttl_ms, hex_keys, len(record), *record])
+        return Op("L", tag, [tag + ":fg", *self._block_names(tag, keys)], [ttl_ms, "", len(record), *record])
 
     def _block_names(self, tag: str, keys: Sequence[int]) -> list[str]:
         """The residency keys of ``keys``' blocks in shard ``tag``, remembered (a hot prompt's
@@ -130,7 +145,7 @@ class Layout:
             except KeyError:
                 pass
         block = tag + ":b:"
-        names = [block + str(k) for k in keys]
+        names = [block + _HEX.format(k) for k in keys]
         if self._named + len(names) > _NAMES_MAX:
             self._names.clear()
             self._named = 0

@@ -69,9 +69,11 @@ class RedisStore(StateStore):
         instance_shards: int = 4,
         request_tokens: float = 16.0,
         report_least_loaded: int = 4,
+        declare_keys: bool | None = None,
     ) -> None:
         self._url = url
         self._cluster = cluster
+        self._declare = cluster if declare_keys is None else declare_keys  # every key in KEYS? (Layout.lookup)
         self._layout = Layout(key_prefix, residency_shards, instance_shards)
         self._writes = WriteQueue(self._layout, request_tokens, flush_s, self._send_queued)
         self._caps = dict(caps)
@@ -191,14 +193,15 @@ class RedisStore(StateStore):
         ops: list[Op] = []
         book_keys = booking.keys if booking is not None and record else ()
         recorders = booking.instances if booking is not None else ()
+        hex_keys, declare = lay.hex_blocks(book_keys) if book_keys else "", self._declare
         if keys:
-            same = tuple(book_keys) == tuple(keys)
-            ops.append(lay.lookup(keys, recorders if book_keys and same else (), self._ttl_ms))
+            same = book_keys is keys or tuple(book_keys) == tuple(keys)
+            ops.append(lay.lookup(keys, recorders if book_keys and same else (), self._ttl_ms,
+                                  hex_keys if same else "", declare))
             if book_keys and not same:
-                ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
+                ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
         elif book_keys:
-            ops.append(lay.lookup(book_keys, recorders, self._ttl_ms))
-        hex_keys = lay.hex_blocks(book_keys) if book_keys else ""
+            ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
         # the least loaded of each shard feed pruning's index; a decision over the whole pool reads every load anyway
         low = self._low if booking is not None and len(instances) < len(self._caps) else 0
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():
@@ -334,7 +337,7 @@ class RedisStore(StateStore):
             for inst in dict.fromkeys(booking.instances):
                 undo = booking.keys[held.get(inst, 0):]
                 if undo:
-                    ops.append(lay.unhold(shard, [(str(k), inst) for k in undo]))
+                    ops.append(lay.unhold(shard, [(lay.block_id(k), inst) for k in undo]))
                     ops.append(lay.unremember(inst, lay.members(booking.keys)[len(booking.keys) - len(undo):]))
         return ops
 

@@ -197,3 +197,23 @@ async def test_the_replica_mirror_takes_a_pinning_booking_back_out_exactly(redis
         assert store._mirror.load_of("a").kv_tokens == await kv(store) == 0
     finally:
         await store.close()
+
+
+async def test_the_pin_hash_stays_out_of_the_ziplist_encoding(redis_url, key_prefix):
+    # A few dozen pinned fields would be a ziplist in Redis, rewritten whole at each field a
+    # booking pins or a release unpins (pins.lua's PIN_PAD); a hashtable writes one entry.
+    import redis
+
+    store = RedisStore(redis_url, {i: 8 * PIN_STRIDE for i in INSTANCES}, key_prefix=key_prefix)
+    await store.start()
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        booking = await book(store, "r1", [1, 2, 3])
+        pins = store.layout.instance_tag("a") + ":pin"
+        assert 0 < raw.hlen(pins) < 64  # small enough for Redis to keep it as a ziplist
+        assert raw.object("encoding", pins) == "hashtable"
+        await store.release(booking)
+        assert await kv(store) == 0
+    finally:
+        raw.close()
+        await store.close()

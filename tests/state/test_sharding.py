@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 import redis
 
 from router.state.redis_calls import LinearPackConnection
@@ -68,9 +69,12 @@ async def test_the_state_is_spread_over_every_cluster_node(redis_cluster_url, ke
         await store.close()
 
 
-async def test_every_key_a_script_touches_is_declared(redis_url, key_prefix):
-    """MONITOR shows each command a script runs: its key must be among the call's KEYS."""
-    store = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, lease_s=0.2)
+@pytest.mark.parametrize("declare", [True, False])
+async def test_every_key_a_script_touches_is_declared(redis_url, key_prefix, declare):
+    """MONITOR shows each command a script runs: its key must be among the call's KEYS (as a
+    Cluster requires), or, where a standalone Redis's look-up names its blocks itself, in
+    the hash tag of a declared key (one slot, too)."""
+    store = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, lease_s=0.2, declare_keys=declare)
     await store.start()
     seen: list[tuple[str, list[str]]] = []  # (client type, command split into its arguments)
     stop = threading.Event()
@@ -103,15 +107,20 @@ async def test_every_key_a_script_touches_is_declared(redis_url, key_prefix):
         stop.set()
         redis.Redis.from_url(redis_url).ping()  # wakes the monitor so it sees the stop
         watcher.join(5)
-    checked = 0
+    checked = undeclared = 0
     declared: set[str] = set()
+    tags: set[str] = set()
     for client, args in seen:
         if client != "lua" and args[0].upper() == "EVALSHA":
             declared = set(args[3:3 + int(args[2])])
+            tags = {key.partition("}")[0] for key in declared}
         elif client == "lua" and args[0].upper() != "TIME":
-            assert args[1] in declared, args
+            if args[1] not in declared:
+                assert not declare and args[1].partition("}")[0] in tags and ":b:" in args[1], args
+                undeclared += 1
             checked += 1
     assert checked > 50, seen[:5]
+    assert (undeclared > 0) is not declare  # the look-ups' blocks, named by the script
 
 
 def test_block_keys_are_written_the_same_way_however_they_are_formatted():
@@ -129,7 +138,30 @@ def test_block_keys_are_written_the_same_way_however_they_are_formatted():
     for _ in range(2):  # the second time from memory
         op = lay.lookup(keys, ["i1"], 1000)
         tag = lay.residency_tag(lay.residency_shard(keys[0]))
-        assert list(op.keys) == [tag + ":fg", *(f"{tag}:b:{k}" for k in keys)]
+        assert list(op.keys) == [tag + ":fg", *(f"{tag}:b:{k:016x}" for k in keys)]
     other = lay.lookup([keys[0] + 1, *keys[1:]], [], 1000)  # the same blocks after another first block
     tag = lay.residency_tag(lay.residency_shard(keys[0] + 1))
-    assert list(other.keys) == [tag + ":fg", *(f"{tag}:b:{k}" for k in [keys[0] + 1, *keys[1:]])]
+    assert list(other.keys) == [tag + ":fg", *(f"{tag}:b:{k:016x}" for k in [keys[0] + 1, *keys[1:]])]
+
+
+async def test_blocks_named_by_the_script_are_the_blocks_the_router_declares(redis_url, key_prefix):
+    """A standalone store's look-up names its blocks from the hex (declare_keys=False); a
+    Cluster's declares them: one Redis sees the same residency either way, and evictions
+    queued by one are taken back under the names the other wrote."""
+    named = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, declare_keys=False)
+    declared = RedisStore(redis_url, {i: 3 for i in INSTANCES}, key_prefix=key_prefix, declare_keys=True)
+    await named.start()
+    await declared.start()
+    try:
+        keys = [2**63 + 5, 17, 2**64 - 1]  # hex of 16 digits whatever the size
+        _, b = await named.decide(keys, INSTANCES, GreedyChooser("n1", keys, only="i3"))
+        assert (await declared.snapshot(keys, INSTANCES)).matched["i3"] == 3
+        await named.release(b)
+        _, b = await declared.decide(keys[:2], INSTANCES, GreedyChooser("d1", keys[:2], only="i5"))
+        assert (await named.snapshot(keys, INSTANCES)).matched["i5"] == 2
+        await declared.release(b)
+        await named.abandon((await named.decide(keys, INSTANCES, GreedyChooser("n2", keys, only="i7")))[1], {})
+        assert (await declared.snapshot(keys, INSTANCES)).matched["i7"] == 0  # taken back under the same names
+    finally:
+        await named.close()
+        await declared.close()

@@ -8,7 +8,7 @@
 -- batched hash helpers and the pinned-block counts.
 --
 -- Residency shard {P:r<n>} (prompts whose first block key is n modulo the shard count):
---   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms)
+--   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms); the key in 16 hex digits
 --   :fg             hash instance -> time its residency was last forgotten (ms)
 -- Instance shard {P:i<n>} (instances whose name hashes to n):
 --   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"
@@ -17,7 +17,7 @@
 --                   [+ \29 + the prompt's block keys, 16 hex digits each, when a leg pins them]
 --   :leases         zset booking id -> lease expiry (ms)
 --   :pin            hash of the blocks pinned by bookings in flight (router/state/pins.py): <inst> -> "<epoch>:<distinct
---                   blocks pinned>"; <inst>\31<epoch>\31<block hex> -> bookings in flight holding it; \30 -> epoch sequence
+--                   blocks pinned>"; <inst>\31<epoch>\31<block hex> -> bookings in flight holding it; \30 -> epoch sequence; \30pad -> a long value (keeps the hash out of the ziplist encoding: pins.lua)
 --   :lru:<inst>     zset "<residency shard>:<block key, 16 hex digits>" -> recency, capped at the capacity
 --   :seq            recency sequence
 
@@ -154,32 +154,43 @@ local function shard(k0, rt)
           rt = tonumber(rt) or 0}
 end
 
--- Record that inst holds a prompt's blocks KEYS[k0+1 .. k0+n] (one whole prefix). held:
+-- Record that inst holds a prompt's blocks block(1 .. n) (one whole prefix). held:
 -- leading blocks the lookup found; while the last of them was recorded less than half a
 -- TTL ago only the blocks beyond them are written, so a hot prefix costs one write per new block.
-local function record(k0, n, inst, now, ttl, held)
+local function record(block, n, inst, now, ttl, held)
   if held > 0 then
-    local last = redis.call('HGET', KEYS[k0 + held], inst)
+    local last = redis.call('HGET', block(held), inst)
     if not last or tonumber(last) < now - ttl / 2 then held = 0 end
   end
   for d = held + 1, n do
-    redis.call('HSET', KEYS[k0 + d], inst, now)
-    redis.call('PEXPIRE', KEYS[k0 + d], ttl)
+    local key = block(d)
+    redis.call('HSET', key, inst, now)
+    redis.call('PEXPIRE', key, ttl)
   end
 end
 
 -- 'L' (residency shard): leading blocks held by every holder of the first block, then
--- record the prompt on the booked instances. KEYS fg, b:<k1>..b:<kn>; ARGV ttl, m, inst x m.
+-- record the prompt on the booked instances. KEYS fg, b:<k1>..b:<kn>; ARGV ttl, '', m,
+-- inst x m. Or, on a standalone Redis (which never checks a script's keys), KEYS fg alone
+-- and ARGV ttl, the block keys as 16 hex digits each, m, inst x m: the script names only
+-- the blocks it touches (tag:b:<hex>, the same names), instead of the router sending every one.
 -- Reply: instance, depth, ... over the holders (before this op's own records). Only holders
 -- of the first block can match; each one's depth is a binary search (a run is contiguous:
 -- recorded whole, evicted and expired tail first), so the cost is O(holders x log blocks).
 local function op_lookup(k0, nk, a0)
-  local n = nk - 1
-  local ttl = tonumber(ARGV[a0])
+  local n, block = nk - 1, nil
+  local ttl, hex = tonumber(ARGV[a0]), ARGV[a0 + 1]
+  if n == 0 and #hex > 0 then
+    n = math.floor(#hex / 16)
+    local head = string.sub(KEYS[k0], 1, -3) .. 'b:'  -- KEYS[k0] is <tag>:fg
+    block = function(d) return head .. string.sub(hex, 16 * d - 15, 16 * d) end
+  else
+    block = function(d) return KEYS[k0 + d] end
+  end
   local now = now_ms()
   local out, depth = {}, {}
   if n > 0 then
-    local first = redis.call('HGETALL', KEYS[k0 + 1])
+    local first = redis.call('HGETALL', block(1))
     local insts = {}
     for j = 1, #first, 2 do insts[#insts + 1] = first[j] end
     local forgot = hmget_all(KEYS[k0], insts, {})
@@ -189,7 +200,7 @@ local function op_lookup(k0, nk, a0)
         local lo, hi = 1, n
         while lo < hi do
           local mid = math.floor((lo + hi + 1) / 2)
-          local t = redis.call('HGET', KEYS[k0 + mid], inst)
+          local t = redis.call('HGET', block(mid), inst)
           if t and tonumber(t) > floor_t then lo = mid else hi = mid - 1 end
         end
         depth[inst] = lo
@@ -198,9 +209,9 @@ local function op_lookup(k0, nk, a0)
       end
     end
   end
-  for i = 1, tonumber(ARGV[a0 + 1]) do
-    local inst = ARGV[a0 + 1 + i]
-    record(k0, n, inst, now, ttl, depth[inst] or 0)
+  for i = 1, tonumber(ARGV[a0 + 2]) do
+    local inst = ARGV[a0 + 2 + i]
+    record(block, n, inst, now, ttl, depth[inst] or 0)
   end
   return out
 end
