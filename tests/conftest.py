@@ -76,3 +76,16 @@ def redis_cluster_url() -> Iterator[str]:
 def key_prefix(request: pytest.FixtureRequest) -> str:
     """A namespace of its own for each test, so tests sharing one Redis never interfere."""
     return f"t{abs(hash(request.node.nodeid)) % 10**10}x{time.monotonic_ns() % 10**6}"
+
+
+@pytest.fixture(params=["native", "python"])
+def key_sets(request, monkeypatch) -> str:
+    """Mirror tables made in the test use the C extension's key sets, then Python sets
+    (``PD_ROUTER_KEYSETS``); native is skipped where the extension was not built (CI
+    checks that it builds: .ci/run)."""
+    from router.state.precise_mirror import key_sets as in_use
+
+    monkeypatch.setenv("PD_ROUTER_KEYSETS", request.param)
+    if in_use() != request.param:
+        pytest.skip("router.state._keyset is not built here (pip install -e . builds it)")
+    return request.param

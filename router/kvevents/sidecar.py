@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -38,7 +39,7 @@ from router.kvevents.sidecar_wire import (
 )
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
-from router.state.precise_mirror import MirrorTable, delta_changes
+from router.state.precise_mirror import MirrorTable, delta_changes, key_sets
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,16 @@ class SidecarIngest(KVEventIngest):
         self._errors_base = 0
         self._errors_now = 0
         self.restarts = 0  # sidecars started after the first
+        self.key_sets = key_sets()  # the mirrors' sets: "native" (router.state._keyset) or "python"
 
     # -- the process ---------------------------------------------------------------------
     async def _open(self) -> None:
+        if self.key_sets == "native":
+            log.info("kv events: the mirror tables use native key sets (router.state._keyset)")
+        else:
+            log.warning("kv events: the mirror tables use Python sets (router.state._keyset %s): each key change "
+                        "costs the event loop ~4x more", "is off: PD_ROUTER_KEYSETS=python"
+                        if os.environ.get("PD_ROUTER_KEYSETS") == "python" else "was not built")
         await self._spawn()
         self._tasks.append(asyncio.create_task(self._watch(), name="pd-router-kv-sidecar"))
 

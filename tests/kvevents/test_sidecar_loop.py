@@ -98,11 +98,12 @@ def random_batch(rng: random.Random, live: list[tuple[int, list[int]]], next_has
 
 
 @pytest.mark.parametrize("seed", range(8))
-async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, monkeypatch):
+async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, key_sets, monkeypatch):
     rng = random.Random(seed)
     monkeypatch.setattr(sidecar_mod, "SLICE_KEYS", rng.choice((1, 3, 7, 64)))
     ch = Channel()
     try:
+        assert ch.mirror().native == (key_sets == "native") and ch.ingest.key_sets == key_sets
         reference = TableWriter(BlockTable(32), "m", 16)  # small: evictions too
         tracked = TableWriter(TrackedTable(32), "m", 16)
         live: list[tuple[int, list[int]]] = []
@@ -125,7 +126,7 @@ async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(s
             await ch.send(stream[cut:])
             await ch.settle()
             mirror, ref = ch.mirror(), reference.table
-            assert (mirror._held_gpu, mirror._held_offload) == (set(ref._gpu), set(ref._offload))
+            assert mirror.held() == (set(ref._gpu), set(ref._offload))
             assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
             for probe in probes:
                 assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)

@@ -1,0 +1,523 @@
+/* router.state._keyset: a set of uint64 keys for the router's mirror tables (state layer).
+ *
+ * The loop applies a sidecar's deltas (packed uint64 arrays) to per-tier key sets and
+ * decisions ask which leading keys of a prompt are held. With Python sets every key of a
+ * delta becomes a PyLong first (.tolist()), ~175 ns per key change on a busy loop; here a
+ * delta is read straight from its buffer. Open addressing with linear probing over a
+ * power-of-two table of uint64 slots: 0 marks an empty slot and 1 a removed one (a
+ * tombstone, reused by a later insert), so the keys 0 and 1 themselves are held in flags
+ * beside the table. The table grows when live + tombstone slots pass 3/4 (rehashing to a
+ * load of at most 1/2, which also drops every tombstone) and shrinks when live keys fall
+ * under 1/8: memory follows what the set holds, within a factor of 8, never less than
+ * MIN_CAP slots. No Python objects are held, so the type needs no GC support.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EMPTY ((uint64_t)0)
+#define TOMB ((uint64_t)1)
+#define MIN_CAP ((size_t)16)
+#define HAS_ZERO 1u
+#define HAS_ONE 2u
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *slots;
+    size_t cap;   /* a power of two >= MIN_CAP */
+    size_t used;  /* live keys in slots (not counting 0 and 1) */
+    size_t tombs; /* tombstones in slots */
+    unsigned int special;
+} KeySet;
+
+static PyTypeObject KeySetType;
+
+static inline size_t mix(uint64_t k) { /* murmur3's finalizer: sequential keys spread out */
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return (size_t)k;
+}
+
+static inline size_t size_special(const KeySet *s) {
+    return (size_t)((s->special & HAS_ZERO) != 0) + (size_t)((s->special & HAS_ONE) != 0);
+}
+
+static inline int contains(const KeySet *s, uint64_t k) {
+    if (k <= TOMB)
+        return (s->special & (k == EMPTY ? HAS_ZERO : HAS_ONE)) != 0;
+    size_t mask = s->cap - 1, i = mix(k) & mask;
+    for (;;) {
+        uint64_t v = s->slots[i];
+        if (v == k)
+            return 1;
+        if (v == EMPTY)
+            return 0;
+        i = (i + 1) & mask;
+    }
+}
+
+/* The smallest table for n live keys at a load of at most 1/2. */
+static size_t cap_for(size_t n) {
+    size_t cap = MIN_CAP;
+    while (cap / 2 < n) {
+        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(uint64_t)) / 2)
+            return 0;
+        cap <<= 1;
+    }
+    return cap;
+}
+
+static int rehash(KeySet *s, size_t cap) {
+    if (cap == 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *fresh = PyMem_Calloc(cap, sizeof(uint64_t));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t mask = cap - 1;
+    for (size_t j = 0; j < s->cap; j++) {
+        uint64_t k = s->slots[j];
+        if (k > TOMB) {
+            size_t i = mix(k) & mask;
+            while (fresh[i] != EMPTY)
+                i = (i + 1) & mask;
+            fresh[i] = k;
+        }
+    }
+    PyMem_Free(s->slots);
+    s->slots = fresh;
+    s->cap = cap;
+    s->tombs = 0;
+    return 0;
+}
+
+/* 1 if added, 0 if it was there, -1 on a memory error (the set unchanged). */
+static int insert(KeySet *s, uint64_t k) {
+    if (k <= TOMB) {
+        unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
+        int added = (s->special & bit) == 0;
+        s->special |= bit;
+        return added;
+    }
+    if ((s->used + s->tombs + 1) * 4 > s->cap * 3 && rehash(s, cap_for(s->used + 1)) < 0)
+        return -1;
+    size_t mask = s->cap - 1, i = mix(k) & mask, tomb = SIZE_MAX;
+    for (;;) {
+        uint64_t v = s->slots[i];
+        if (v == k)
+            return 0;
+        if (v == EMPTY)
+            break;
+        if (v == TOMB && tomb == SIZE_MAX)
+            tomb = i;
+        i = (i + 1) & mask;
+    }
+    if (tomb != SIZE_MAX) {
+        i = tomb;
+        s->tombs--;
+    }
+    s->slots[i] = k;
+    s->used++;
+    return 1;
+}
+
+/* 1 if removed, 0 if it was not there. A slot followed by an empty one ends no probe
+ * chain but its own, so it becomes empty instead of a tombstone. */
+static int erase(KeySet *s, uint64_t k) {
+    if (k <= TOMB) {
+        unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
+        int had = (s->special & bit) != 0;
+        s->special &= ~bit;
+        return had;
+    }
+    size_t mask = s->cap - 1, i = mix(k) & mask;
+    for (;;) {
+        uint64_t v = s->slots[i];
+        if (v == k)
+            break;
+        if (v == EMPTY)
+            return 0;
+        i = (i + 1) & mask;
+    }
+    if (s->slots[(i + 1) & mask] == EMPTY) {
+        s->slots[i] = EMPTY;
+    } else {
+        s->slots[i] = TOMB;
+        s->tombs++;
+    }
+    s->used--;
+    return 1;
+}
+
+/* After removals: shrink when live keys fill less than 1/8 (a failed shrink is harmless). */
+static void maybe_shrink(KeySet *s) {
+    if (s->cap > MIN_CAP && s->used * 8 < s->cap && rehash(s, cap_for(s->used)) < 0)
+        PyErr_Clear();
+}
+
+/* A Python int as a key: 1 with *out set, 0 if it is an int no key can equal (negative or
+ * >= 2**64), -1 with an exception set if it is not an int. */
+static int as_key(PyObject *obj, uint64_t *out) {
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "keys are ints, not %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (uint64_t)v;
+    return 1;
+}
+
+static int strict_key(PyObject *obj, uint64_t *out) {
+    int r = as_key(obj, out);
+    if (r == 0)
+        PyErr_SetString(PyExc_OverflowError, "a key is an int in [0, 2**64)");
+    return r == 1 ? 0 : -1;
+}
+
+/* A buffer of uint64 items (array('Q'), a memoryview cast to 'Q'), one dimension. */
+static int get_keys_buffer(PyObject *obj, Py_buffer *view) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    const char *f = view->format == NULL ? "B" : view->format;
+    if (*f == '@' || *f == '=')
+        f++;
+    int ok = view->ndim == 1 && view->itemsize == 8 && (strcmp(f, "Q") == 0 || strcmp(f, "L") == 0);
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "a key buffer holds uint64 items ('Q'), not '%s' of %zd bytes",
+                     view->format == NULL ? "B" : view->format, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+typedef int (*key_op)(KeySet *, uint64_t);
+
+/* op over keys[start:stop] (a uint64 buffer, or any iterable of ints without bounds);
+ * returns how many keys op changed, or -1 with an exception set. */
+static Py_ssize_t bulk(KeySet *s, PyObject *args, key_op op) {
+    PyObject *keys;
+    Py_ssize_t start = 0, stop = PY_SSIZE_T_MAX;
+    if (!PyArg_ParseTuple(args, "O|nn", &keys, &start, &stop))
+        return -1;
+    Py_ssize_t changed = 0;
+    if (PyObject_CheckBuffer(keys)) {
+        Py_buffer view;
+        if (get_keys_buffer(keys, &view) < 0)
+            return -1;
+        Py_ssize_t n = view.len / 8;
+        if (stop > n)
+            stop = n;
+        if (start < 0 || start > stop) {
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_IndexError, "start must be in [0, stop]");
+            return -1;
+        }
+        const char *p = (const char *)view.buf;
+        for (Py_ssize_t j = start; j < stop; j++) {
+            uint64_t k;
+            memcpy(&k, p + 8 * j, 8);
+            int r = op(s, k);
+            if (r < 0) {
+                changed = -1;
+                break;
+            }
+            changed += r;
+        }
+        PyBuffer_Release(&view);
+        return changed;
+    }
+    if (start != 0 || stop != PY_SSIZE_T_MAX) {
+        PyErr_SetString(PyExc_TypeError, "start and stop need a uint64 buffer");
+        return -1;
+    }
+    PyObject *it = PyObject_GetIter(keys);
+    if (it == NULL)
+        return -1;
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        uint64_t k;
+        int r = strict_key(item, &k);
+        Py_DECREF(item);
+        if (r == 0)
+            r = op(s, k);
+        if (r < 0) {
+            Py_DECREF(it);
+            return -1;
+        }
+        changed += r;
+    }
+    Py_DECREF(it);
+    return PyErr_Occurred() ? -1 : changed;
+}
+
+static PyObject *KeySet_add_keys(KeySet *s, PyObject *args) {
+    Py_ssize_t n = bulk(s, args, insert);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+static PyObject *KeySet_remove_keys(KeySet *s, PyObject *args) {
+    Py_ssize_t n = bulk(s, args, erase);
+    maybe_shrink(s);
+    return n < 0 ? NULL : PyLong_FromSsize_t(n);
+}
+
+static PyObject *KeySet_add(KeySet *s, PyObject *key) {
+    uint64_t k;
+    if (strict_key(key, &k) < 0 || insert(s, k) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *KeySet_discard(KeySet *s, PyObject *key) {
+    uint64_t k;
+    int r = as_key(key, &k);
+    if (r < 0)
+        return NULL;
+    if (r == 1 && erase(s, k))
+        maybe_shrink(s);
+    Py_RETURN_NONE;
+}
+
+static int reset(KeySet *s) {
+    uint64_t *fresh = PyMem_Calloc(MIN_CAP, sizeof(uint64_t));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(s->slots);
+    s->slots = fresh;
+    s->cap = MIN_CAP;
+    s->used = s->tombs = 0;
+    s->special = 0;
+    return 0;
+}
+
+static PyObject *KeySet_clear(KeySet *s, PyObject *Py_UNUSED(ignored)) {
+    if (reset(s) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *KeySet_tolist(KeySet *s, PyObject *Py_UNUSED(ignored)) {
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (uint64_t k = 0; k <= TOMB; k++) {
+        if (contains(s, k)) {
+            PyObject *v = PyLong_FromUnsignedLongLong(k);
+            if (v == NULL || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    for (size_t j = 0; j < s->cap; j++) {
+        uint64_t k = s->slots[j];
+        if (k > TOMB) {
+            PyObject *v = PyLong_FromUnsignedLongLong(k);
+            if (v == NULL || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(v);
+        }
+    }
+    return out;
+}
+
+static PyObject *KeySet_iter(KeySet *s) {
+    PyObject *list = KeySet_tolist(s, NULL);
+    if (list == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(list);
+    Py_DECREF(list);
+    return it;
+}
+
+static PyObject *KeySet_sizeof(KeySet *s, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromSize_t(sizeof(KeySet) + s->cap * sizeof(uint64_t));
+}
+
+static PyObject *KeySet_get_capacity(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->cap); }
+
+static PyObject *KeySet_get_tombstones(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->tombs); }
+
+static Py_ssize_t KeySet_len(KeySet *s) { return (Py_ssize_t)(s->used + size_special(s)); }
+
+static int KeySet_contains(KeySet *s, PyObject *key) {
+    uint64_t k;
+    int r = as_key(key, &k);
+    return r == 1 ? contains(s, k) : r;
+}
+
+static PyObject *KeySet_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *keys = NULL;
+    static char *kwlist[] = {"keys", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:KeySet", kwlist, &keys))
+        return NULL;
+    KeySet *s = (KeySet *)type->tp_alloc(type, 0);
+    if (s == NULL)
+        return NULL;
+    if (reset(s) < 0) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    if (keys != NULL) {
+        PyObject *one = PyTuple_Pack(1, keys);
+        Py_ssize_t n = one == NULL ? -1 : bulk(s, one, insert);
+        Py_XDECREF(one);
+        if (n < 0) {
+            Py_DECREF(s);
+            return NULL;
+        }
+    }
+    return (PyObject *)s;
+}
+
+static void KeySet_dealloc(KeySet *s) {
+    PyMem_Free(s->slots);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static PyObject *KeySet_repr(KeySet *s) {
+    return PyUnicode_FromFormat("KeySet(<%zd keys>)", KeySet_len(s));
+}
+
+/* depth(keys, gpu, offload, cpu_weight): the leading keys held, 1 each on gpu, cpu_weight
+ * each on offload only (MirrorTable.depth, BlockTable.depth). */
+static PyObject *keyset_depth(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "depth(keys, gpu, offload, cpu_weight)");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[1], &KeySetType) || !PyObject_TypeCheck(args[2], &KeySetType)) {
+        PyErr_SetString(PyExc_TypeError, "gpu and offload are KeySets");
+        return NULL;
+    }
+    const KeySet *gpu = (const KeySet *)args[1], *offload = (const KeySet *)args[2];
+    double weight = PyFloat_AsDouble(args[3]);
+    if (weight == -1.0 && PyErr_Occurred())
+        return NULL;
+    double total = 0.0;
+    if (PyObject_CheckBuffer(args[0])) {
+        Py_buffer view;
+        if (get_keys_buffer(args[0], &view) < 0)
+            return NULL;
+        const char *p = (const char *)view.buf;
+        for (Py_ssize_t j = 0; j < view.len / 8; j++) {
+            uint64_t k;
+            memcpy(&k, p + 8 * j, 8);
+            if (contains(gpu, k))
+                total += 1.0;
+            else if (contains(offload, k))
+                total += weight;
+            else
+                break;
+        }
+        PyBuffer_Release(&view);
+        return PyFloat_FromDouble(total);
+    }
+    PyObject *seq = PySequence_Fast(args[0], "keys are a sequence of ints or a uint64 buffer");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        uint64_t k;
+        int r = as_key(items[j], &k);
+        if (r < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (r == 1 && contains(gpu, k))
+            total += 1.0;
+        else if (r == 1 && contains(offload, k))
+            total += weight;
+        else
+            break;
+    }
+    Py_DECREF(seq);
+    return PyFloat_FromDouble(total);
+}
+
+static PyMethodDef KeySet_methods[] = {
+    {"add_keys", (PyCFunction)KeySet_add_keys, METH_VARARGS,
+     "add_keys(keys, start=0, stop=len) -> int: add keys[start:stop] (a uint64 buffer, or ints); how many were new"},
+    {"remove_keys", (PyCFunction)KeySet_remove_keys, METH_VARARGS,
+     "remove_keys(keys, start=0, stop=len) -> int: remove keys[start:stop]; how many were held"},
+    {"add", (PyCFunction)KeySet_add, METH_O, "add(key)"},
+    {"discard", (PyCFunction)KeySet_discard, METH_O, "discard(key): remove it if held"},
+    {"clear", (PyCFunction)KeySet_clear, METH_NOARGS, "clear(): hold nothing (and release the table)"},
+    {"tolist", (PyCFunction)KeySet_tolist, METH_NOARGS, "tolist() -> list[int], in no order"},
+    {"__sizeof__", (PyCFunction)KeySet_sizeof, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef KeySet_getset[] = {
+    {"capacity", (getter)KeySet_get_capacity, NULL, "slots in the table", NULL},
+    {"tombstones", (getter)KeySet_get_tombstones, NULL, "removed slots not yet reused", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods KeySet_as_sequence = {
+    .sq_length = (lenfunc)KeySet_len,
+    .sq_contains = (objobjproc)KeySet_contains,
+};
+
+static PyTypeObject KeySetType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "router.state._keyset.KeySet",
+    .tp_basicsize = sizeof(KeySet),
+    .tp_dealloc = (destructor)KeySet_dealloc,
+    .tp_repr = (reprfunc)KeySet_repr,
+    .tp_as_sequence = &KeySet_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "KeySet(keys=()): a set of uint64 keys, bulk-updated from uint64 buffers",
+    .tp_iter = (getiterfunc)KeySet_iter,
+    .tp_methods = KeySet_methods,
+    .tp_getset = KeySet_getset,
+    .tp_new = KeySet_new,
+};
+
+static PyMethodDef module_methods[] = {
+    {"depth", (PyCFunction)(void (*)(void))keyset_depth, METH_FASTCALL,
+     "depth(keys, gpu, offload, cpu_weight) -> float: leading keys held, an offloaded one counting cpu_weight"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef keyset_module = {
+    PyModuleDef_HEAD_INIT, "router.state._keyset",
+    "Native uint64 key sets for the mirror tables (state layer; router.state.precise_mirror).", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__keyset(void) {
+    if (PyType_Ready(&KeySetType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&keyset_module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&KeySetType);
+    if (PyModule_AddObject(m, "KeySet", (PyObject *)&KeySetType) < 0) {
+        Py_DECREF(&KeySetType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
