@@ -163,21 +163,36 @@ static void maybe_shrink(KeySet *s) {
 }
 
 /* A Python int as a key: 1 with *out set, 0 if it is an int no key can equal (negative or
- * >= 2**64), -1 with an exception set if it is not an int. */
+ * >= 2**64), -1 with an exception set if it is not an int. (Not PyLong_AsUnsignedLongLong:
+ * below 3.13 it converts a multi-digit int byte by byte, most of a lookup's time.) */
 static int as_key(PyObject *obj, uint64_t *out) {
     if (!PyLong_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "keys are ints, not %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    unsigned long long v = PyLong_AsUnsignedLongLong(obj);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t n = PyLong_AsNativeBytes(obj, out, (Py_ssize_t)sizeof(*out),
+                                        Py_ASNATIVEBYTES_NATIVE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER |
+                                            Py_ASNATIVEBYTES_REJECT_NEGATIVE);
+    if (n < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
             return -1;
-        PyErr_Clear();
+        PyErr_Clear(); /* negative */
         return 0;
     }
-    *out = (uint64_t)v;
+    return n <= (Py_ssize_t)sizeof(*out);
+#else
+    if (_PyLong_Sign(obj) < 0)
+        return 0;
+    size_t bits = _PyLong_NumBits(obj);
+    if (bits > 64) {
+        if (bits == (size_t)-1 && PyErr_Occurred())
+            PyErr_Clear();
+        return 0;
+    }
+    *out = (uint64_t)PyLong_AsUnsignedLongLongMask(obj);
     return 1;
+#endif
 }
 
 static int strict_key(PyObject *obj, uint64_t *out) {
