@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import socket
 import sys
 import time
@@ -90,16 +89,16 @@ class SidecarIngest(KVEventIngest):
         self._errors_base = 0
         self._errors_now = 0
         self.restarts = 0  # sidecars started after the first
-        self.key_sets = key_sets()  # the mirrors' sets: "native" (router.state._keyset) or "python"
+        self.key_sets = key_sets(self._kv.native_key_sets)  # the mirrors': "native" (router.state._keyset) or "python"
 
     # -- the process ---------------------------------------------------------------------
     async def _open(self) -> None:
         if self.key_sets == "native":
             log.info("kv events: the mirror tables use native key sets (router.state._keyset)")
         else:
-            log.warning("kv events: the mirror tables use Python sets (router.state._keyset %s): each key change "
-                        "costs the event loop ~4x more", "is off: PD_ROUTER_KEYSETS=python"
-                        if os.environ.get("PD_ROUTER_KEYSETS") == "python" else "was not built")
+            log.warning("kv events: the mirror tables use Python sets (%s): each key change costs the event loop "
+                        "~4x more", "kv_events.native_key_sets is false" if not self._kv.native_key_sets
+                        else "router.state._keyset was not built: no C compiler at install time")
         await self._spawn()
         self._tasks.append(asyncio.create_task(self._watch(), name="pd-router-kv-sidecar"))
 

@@ -10,12 +10,11 @@ operations per tier, whatever the events looked like.
 
 The sets are ``router.state._keyset.KeySet`` (a C extension: uint64 keys applied straight
 from the delta's arrays, no Python int per key) when it was built, Python sets otherwise
-or with ``PD_ROUTER_KEYSETS=python`` (``key_sets()`` says which; same contents either way).
+or when asked (``kv_events.native_key_sets: false``); same contents either way.
 """
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,10 +29,12 @@ except ImportError:  # installed without a C compiler: Python sets, same content
     _KeySet = None  # type: ignore[assignment,misc]
 
 
-def key_sets() -> Literal["native", "python"]:
-    """Which key sets a new ``MirrorTable`` uses: the C extension's unless it was not
-    built or ``PD_ROUTER_KEYSETS=python`` asks for Python sets."""
-    return "native" if _KeySet is not None and os.environ.get("PD_ROUTER_KEYSETS", "") != "python" else "python"
+NATIVE_BUILT = _KeySet is not None
+
+
+def key_sets(native: bool = True) -> Literal["native", "python"]:
+    """Which key sets ``MirrorTable(native=native)`` uses: the C extension's if asked and built."""
+    return "native" if native and NATIVE_BUILT else "python"
 
 
 class PyKeySet(set[int]):
@@ -207,17 +208,15 @@ class TrackedTable(BlockTable):
 class MirrorTable(BlockTable):
     """The parent's copy of a ``TrackedTable``: the keys held per tier, its size and state.
 
-    Written only by ``apply``; the engine-block map stays in the sidecar. ``native``
-    chooses the key sets (default: ``key_sets()``)."""
+    Written only by ``apply``; the engine-block map stays in the sidecar. Its key sets
+    are native if ``native`` and the extension was built (``key_sets``), else Python sets."""
 
     __slots__ = ("_size", "_native", "_held_gpu", "_held_offload")
 
-    def __init__(self, capacity: int, native: bool | None = None) -> None:
+    def __init__(self, capacity: int, native: bool = True) -> None:
         super().__init__(capacity)
         self._size = 0
-        self._native = key_sets() == "native" if native is None else native
-        if self._native and _KeySet is None:
-            raise RuntimeError("router.state._keyset was not built (no C compiler at install time)")
+        self._native = key_sets(native) == "native"
         make = _KeySet if self._native else PyKeySet
         self._held_gpu: _KeySet | PyKeySet = make()
         self._held_offload: _KeySet | PyKeySet = make()

@@ -78,7 +78,7 @@ def test_churn_reuses_tombstones_and_memory_follows_what_is_held():
     ks, ref = KeySet(), set()
     rng = random.Random(1)
     live: list[int] = []
-    for step in range(20_000):  # a steady ~500 keys, stored and removed: tombstones all the time
+    for _ in range(20_000):  # a steady ~500 keys, stored and removed: tombstones all the time
         key = rng.getrandbits(64)
         ks.add(key)
         live.append(key)

@@ -43,10 +43,10 @@ def random_ops(rng: random.Random, reference: BlockTable, tracked: TrackedTable,
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed, key_sets):
+def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed, native_key_sets):
     rng = random.Random(seed)
-    reference, tracked, mirror = BlockTable(64), TrackedTable(64), MirrorTable(64)
-    assert mirror.native == (key_sets == "native")
+    reference, tracked, mirror = BlockTable(64), TrackedTable(64), MirrorTable(64, native=native_key_sets)
+    assert mirror.native == native_key_sets
     for _ in range(40):
         random_ops(rng, reference, tracked, rng.randrange(0, 30))
         tracked.fresh = rng.random() < 0.8
