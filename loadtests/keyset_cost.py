@@ -31,23 +31,13 @@ def _work() -> tuple[list[int], list[array[int]], list[int]]:
     return base, slices, probes
 
 
-def _py_depth(keys: list[int], gpu: Any, offload: Any, weight: float) -> float:
-    total = 0.0
-    for key in keys:
-        if key in gpu:
-            total += 1.0
-        elif key in offload:
-            total += weight
-        else:
-            break
-    return total
-
-
 def implementations() -> dict[str, tuple[Callable[[list[int]], Any], Callable[[Any, array[int]], object],
                                          Callable[[Any, array[int]], object], Callable[..., float]]]:
     """name -> (make from keys, add a slice, remove a slice, depth)."""
+    from router.state.precise import leading_depth
+
     out: dict[str, Any] = {"python set": (set, lambda s, a: s.update(a.tolist()),
-                                          lambda s, a: s.difference_update(a.tolist()), _py_depth)}
+                                          lambda s, a: s.difference_update(a.tolist()), leading_depth)}
     try:
         from router.state._keyset import KeySet, depth
         out["KeySet (C)"] = (KeySet, lambda s, a: s.add_keys(a), lambda s, a: s.remove_keys(a), depth)
@@ -56,7 +46,7 @@ def implementations() -> dict[str, tuple[Callable[[list[int]], Any], Callable[[A
     try:
         from pyroaring import BitMap64  # not a dependency: measured when installed
         out["pyroaring BitMap64"] = (BitMap64, lambda s, a: s.update(a), lambda s, a: s.difference_update(BitMap64(a)),
-                                     _py_depth)
+                                     leading_depth)
     except ImportError:
         pass
     return out

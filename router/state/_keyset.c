@@ -3,164 +3,22 @@
  * The loop applies a sidecar's deltas (packed uint64 arrays) to per-tier key sets and
  * decisions ask which leading keys of a prompt are held. With Python sets every key of a
  * delta becomes a PyLong first (.tolist()), ~175 ns per key change on a busy loop; here a
- * delta is read straight from its buffer. Open addressing with linear probing over a
- * power-of-two table of uint64 slots: 0 marks an empty slot and 1 a removed one (a
- * tombstone, reused by a later insert), so the keys 0 and 1 themselves are held in flags
- * beside the table. The table grows when live + tombstone slots pass 3/4 (rehashing to a
- * load of at most 1/2, which also drops every tombstone) and shrinks when live keys fall
- * under 1/8: memory follows what the set holds, within a factor of 8, never less than
- * MIN_CAP slots. No Python objects are held, so the type needs no GC support.
+ * delta is read straight from its buffer into the hash table of _keyset_table.h. No
+ * Python objects are held, so the type needs no GC support.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define EMPTY ((uint64_t)0)
-#define TOMB ((uint64_t)1)
-#define MIN_CAP ((size_t)16)
-#define HAS_ZERO 1u
-#define HAS_ONE 2u
+#include "_keyset_table.h"
 
 typedef struct {
     PyObject_HEAD
-    uint64_t *slots;
-    size_t cap;   /* a power of two >= MIN_CAP */
-    size_t used;  /* live keys in slots (not counting 0 and 1) */
-    size_t tombs; /* tombstones in slots */
-    unsigned int special;
+    KeyTable t;
 } KeySet;
 
 static PyTypeObject KeySetType;
-
-static inline size_t mix(uint64_t k) { /* murmur3's finalizer: sequential keys spread out */
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ULL;
-    k ^= k >> 33;
-    return (size_t)k;
-}
-
-static inline size_t size_special(const KeySet *s) {
-    return (size_t)((s->special & HAS_ZERO) != 0) + (size_t)((s->special & HAS_ONE) != 0);
-}
-
-static inline int contains(const KeySet *s, uint64_t k) {
-    if (k <= TOMB)
-        return (s->special & (k == EMPTY ? HAS_ZERO : HAS_ONE)) != 0;
-    size_t mask = s->cap - 1, i = mix(k) & mask;
-    for (;;) {
-        uint64_t v = s->slots[i];
-        if (v == k)
-            return 1;
-        if (v == EMPTY)
-            return 0;
-        i = (i + 1) & mask;
-    }
-}
-
-/* The smallest table for n live keys at a load of at most 1/2. */
-static size_t cap_for(size_t n) {
-    size_t cap = MIN_CAP;
-    while (cap / 2 < n) {
-        if (cap > ((size_t)PY_SSIZE_T_MAX / sizeof(uint64_t)) / 2)
-            return 0;
-        cap <<= 1;
-    }
-    return cap;
-}
-
-static int rehash(KeySet *s, size_t cap) {
-    if (cap == 0) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    uint64_t *fresh = PyMem_Calloc(cap, sizeof(uint64_t));
-    if (fresh == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    size_t mask = cap - 1;
-    for (size_t j = 0; j < s->cap; j++) {
-        uint64_t k = s->slots[j];
-        if (k > TOMB) {
-            size_t i = mix(k) & mask;
-            while (fresh[i] != EMPTY)
-                i = (i + 1) & mask;
-            fresh[i] = k;
-        }
-    }
-    PyMem_Free(s->slots);
-    s->slots = fresh;
-    s->cap = cap;
-    s->tombs = 0;
-    return 0;
-}
-
-/* 1 if added, 0 if it was there, -1 on a memory error (the set unchanged). */
-static int insert(KeySet *s, uint64_t k) {
-    if (k <= TOMB) {
-        unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
-        int added = (s->special & bit) == 0;
-        s->special |= bit;
-        return added;
-    }
-    if ((s->used + s->tombs + 1) * 4 > s->cap * 3 && rehash(s, cap_for(s->used + 1)) < 0)
-        return -1;
-    size_t mask = s->cap - 1, i = mix(k) & mask, tomb = SIZE_MAX;
-    for (;;) {
-        uint64_t v = s->slots[i];
-        if (v == k)
-            return 0;
-        if (v == EMPTY)
-            break;
-        if (v == TOMB && tomb == SIZE_MAX)
-            tomb = i;
-        i = (i + 1) & mask;
-    }
-    if (tomb != SIZE_MAX) {
-        i = tomb;
-        s->tombs--;
-    }
-    s->slots[i] = k;
-    s->used++;
-    return 1;
-}
-
-/* 1 if removed, 0 if it was not there. A slot followed by an empty one ends no probe
- * chain but its own, so it becomes empty instead of a tombstone. */
-static int erase(KeySet *s, uint64_t k) {
-    if (k <= TOMB) {
-        unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
-        int had = (s->special & bit) != 0;
-        s->special &= ~bit;
-        return had;
-    }
-    size_t mask = s->cap - 1, i = mix(k) & mask;
-    for (;;) {
-        uint64_t v = s->slots[i];
-        if (v == k)
-            break;
-        if (v == EMPTY)
-            return 0;
-        i = (i + 1) & mask;
-    }
-    if (s->slots[(i + 1) & mask] == EMPTY) {
-        s->slots[i] = EMPTY;
-    } else {
-        s->slots[i] = TOMB;
-        s->tombs++;
-    }
-    s->used--;
-    return 1;
-}
-
-/* After removals: shrink when live keys fill less than 1/8 (a failed shrink is harmless). */
-static void maybe_shrink(KeySet *s) {
-    if (s->cap > MIN_CAP && s->used * 8 < s->cap && rehash(s, cap_for(s->used)) < 0)
-        PyErr_Clear();
-}
 
 /* A Python int as a key: 1 with *out set, 0 if it is an int no key can equal (negative or
  * >= 2**64), -1 with an exception set if it is not an int. (Not PyLong_AsUnsignedLongLong:
@@ -219,7 +77,7 @@ static int get_keys_buffer(PyObject *obj, Py_buffer *view) {
     return 0;
 }
 
-typedef int (*key_op)(KeySet *, uint64_t);
+typedef int (*key_op)(KeyTable *, uint64_t);
 
 /* op over keys[start:stop] (a uint64 buffer, or any iterable of ints without bounds);
  * returns how many keys op changed, or -1 with an exception set. */
@@ -245,7 +103,7 @@ static Py_ssize_t bulk(KeySet *s, PyObject *args, key_op op) {
         for (Py_ssize_t j = start; j < stop; j++) {
             uint64_t k;
             memcpy(&k, p + 8 * j, 8);
-            int r = op(s, k);
+            int r = op(&s->t, k);
             if (r < 0) {
                 changed = -1;
                 break;
@@ -268,7 +126,7 @@ static Py_ssize_t bulk(KeySet *s, PyObject *args, key_op op) {
         int r = strict_key(item, &k);
         Py_DECREF(item);
         if (r == 0)
-            r = op(s, k);
+            r = op(&s->t, k);
         if (r < 0) {
             Py_DECREF(it);
             return -1;
@@ -286,13 +144,13 @@ static PyObject *KeySet_add_keys(KeySet *s, PyObject *args) {
 
 static PyObject *KeySet_remove_keys(KeySet *s, PyObject *args) {
     Py_ssize_t n = bulk(s, args, erase);
-    maybe_shrink(s);
+    maybe_shrink(&s->t);
     return n < 0 ? NULL : PyLong_FromSsize_t(n);
 }
 
 static PyObject *KeySet_add(KeySet *s, PyObject *key) {
     uint64_t k;
-    if (strict_key(key, &k) < 0 || insert(s, k) < 0)
+    if (strict_key(key, &k) < 0 || insert(&s->t, k) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -302,57 +160,32 @@ static PyObject *KeySet_discard(KeySet *s, PyObject *key) {
     int r = as_key(key, &k);
     if (r < 0)
         return NULL;
-    if (r == 1 && erase(s, k))
-        maybe_shrink(s);
+    if (r == 1 && erase(&s->t, k))
+        maybe_shrink(&s->t);
     Py_RETURN_NONE;
 }
 
-static int reset(KeySet *s) {
-    uint64_t *fresh = PyMem_Calloc(MIN_CAP, sizeof(uint64_t));
-    if (fresh == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    PyMem_Free(s->slots);
-    s->slots = fresh;
-    s->cap = MIN_CAP;
-    s->used = s->tombs = 0;
-    s->special = 0;
-    return 0;
-}
-
 static PyObject *KeySet_clear(KeySet *s, PyObject *Py_UNUSED(ignored)) {
-    if (reset(s) < 0)
+    if (reset(&s->t) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *KeySet_tolist(KeySet *s, PyObject *Py_UNUSED(ignored)) {
-    PyObject *out = PyList_New(0);
+    Py_ssize_t n = (Py_ssize_t)(s->t.used + size_special(&s->t)), i = 0;
+    PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    for (uint64_t k = 0; k <= TOMB; k++) {
-        if (contains(s, k)) {
-            PyObject *v = PyLong_FromUnsignedLongLong(k);
-            if (v == NULL || PyList_Append(out, v) < 0) {
-                Py_XDECREF(v);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(v);
+    for (size_t j = 0; i < n && j < s->t.cap + 2; j++) { /* the flags' keys 0 and 1, then the slots */
+        uint64_t k = j < 2 ? (uint64_t)j : s->t.slots[j - 2];
+        if (j < 2 ? !contains(&s->t, k) : k <= TOMB)
+            continue;
+        PyObject *v = PyLong_FromUnsignedLongLong(k);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
         }
-    }
-    for (size_t j = 0; j < s->cap; j++) {
-        uint64_t k = s->slots[j];
-        if (k > TOMB) {
-            PyObject *v = PyLong_FromUnsignedLongLong(k);
-            if (v == NULL || PyList_Append(out, v) < 0) {
-                Py_XDECREF(v);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(v);
-        }
+        PyList_SET_ITEM(out, i++, v);
     }
     return out;
 }
@@ -367,19 +200,19 @@ static PyObject *KeySet_iter(KeySet *s) {
 }
 
 static PyObject *KeySet_sizeof(KeySet *s, PyObject *Py_UNUSED(ignored)) {
-    return PyLong_FromSize_t(sizeof(KeySet) + s->cap * sizeof(uint64_t));
+    return PyLong_FromSize_t(sizeof(KeySet) + s->t.cap * sizeof(uint64_t));
 }
 
-static PyObject *KeySet_get_capacity(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->cap); }
+static PyObject *KeySet_get_capacity(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->t.cap); }
 
-static PyObject *KeySet_get_tombstones(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->tombs); }
+static PyObject *KeySet_get_tombstones(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->t.tombs); }
 
-static Py_ssize_t KeySet_len(KeySet *s) { return (Py_ssize_t)(s->used + size_special(s)); }
+static Py_ssize_t KeySet_len(KeySet *s) { return (Py_ssize_t)(s->t.used + size_special(&s->t)); }
 
 static int KeySet_contains(KeySet *s, PyObject *key) {
     uint64_t k;
     int r = as_key(key, &k);
-    return r == 1 ? contains(s, k) : r;
+    return r == 1 ? contains(&s->t, k) : r;
 }
 
 static PyObject *KeySet_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -390,7 +223,7 @@ static PyObject *KeySet_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     KeySet *s = (KeySet *)type->tp_alloc(type, 0);
     if (s == NULL)
         return NULL;
-    if (reset(s) < 0) {
+    if (reset(&s->t) < 0) {
         Py_DECREF(s);
         return NULL;
     }
@@ -407,7 +240,7 @@ static PyObject *KeySet_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
 }
 
 static void KeySet_dealloc(KeySet *s) {
-    PyMem_Free(s->slots);
+    PyMem_Free(s->t.slots);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -439,9 +272,9 @@ static PyObject *keyset_depth(PyObject *Py_UNUSED(module), PyObject *const *args
         for (Py_ssize_t j = 0; j < view.len / 8; j++) {
             uint64_t k;
             memcpy(&k, p + 8 * j, 8);
-            if (contains(gpu, k))
+            if (contains(&gpu->t, k))
                 total += 1.0;
-            else if (contains(offload, k))
+            else if (contains(&offload->t, k))
                 total += weight;
             else
                 break;
@@ -461,9 +294,9 @@ static PyObject *keyset_depth(PyObject *Py_UNUSED(module), PyObject *const *args
             Py_DECREF(seq);
             return NULL;
         }
-        if (r == 1 && contains(gpu, k))
+        if (r == 1 && contains(&gpu->t, k))
             total += 1.0;
-        else if (r == 1 && contains(offload, k))
+        else if (r == 1 && contains(&offload->t, k))
             total += weight;
         else
             break;

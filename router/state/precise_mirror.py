@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from router.state.precise import _GPU, BlockTable
+from router.state.precise import _GPU, BlockTable, leading_depth
 
 try:
     from router.state._keyset import KeySet as _KeySet
@@ -280,15 +280,7 @@ class MirrorTable(BlockTable):
         gpu, offload = self._held_gpu, self._held_offload
         if self._native:
             return _native_depth(keys, gpu, offload, cpu_weight)  # type: ignore[arg-type]
-        total = 0.0
-        for key in keys:
-            if key in gpu:
-                total += 1.0
-            elif key in offload:
-                total += cpu_weight
-            else:
-                break
-        return total
+        return leading_depth(keys, gpu, offload, cpu_weight)
 
     def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
         raise TypeError("a mirror table is written by its sidecar's deltas only")
