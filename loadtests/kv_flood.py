@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     p.add_argument("--rounds", type=int, default=3, help="times each cell runs, interleaved")
     p.add_argument("--write", action="store_true")
+    p.add_argument("--section", default=SECTION, help="the docs/benchmarks.md section --write replaces or appends")
     p.add_argument("--skip-set-updates", action="store_true",
                    help="the router's mirrors take no key changes (loadtests/kv_flood_skip): what the flood costs "
                         "the router besides the set updates; sidecar mode only; never with --write")
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:
-        write_section(SECTION, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
+        write_section(args.section, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
     return 0
 
 
