@@ -44,8 +44,10 @@ def implementations() -> dict[str, tuple[Callable[[list[int]], Any], Callable[[A
     except ImportError:
         print("router.state._keyset is not built: Python sets only", file=sys.stderr)
     try:
+        from importlib.metadata import version
+
         from pyroaring import BitMap64  # not a dependency: measured when installed
-        out["pyroaring BitMap64"] = (BitMap64, lambda s, a: s.update(a), lambda s, a: s.difference_update(BitMap64(a)),
+        out[f"pyroaring {version('pyroaring')} BitMap64 (not a dependency)"] = (BitMap64, lambda s, a: s.update(a), lambda s, a: s.difference_update(BitMap64(a)),
                                      leading_depth)
     except ImportError:
         pass

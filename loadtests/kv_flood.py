@@ -148,6 +148,7 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
+    import shlex
     from pathlib import Path
 
     from loadtests.kv_flood_rounds import measure
@@ -190,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:
-        write_section(args.section, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
+        command = shlex.join(["python", "loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)])
+        write_section(args.section, command, out)
     return 0
 
 
