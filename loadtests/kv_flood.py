@@ -78,10 +78,11 @@ def in_process_cost() -> float:
     return (time.process_time() - t0) / (3 * len(payloads) * PER_MESSAGE) * 1e6
 
 
-def loop_apply_cost(per_delta: int = 31) -> float:
+def loop_apply_cost(per_delta: int = 31, native: bool = True) -> float:
     """CPU microseconds per event the router's loop spends on the flood with the sidecar:
     framing, decoding and applying (in ``SLICE_KEYS`` slices) the deltas a ``TrackedTable``
-    ships for ``per_delta`` messages (10 ms at 100k events/s), no sockets."""
+    ships for ``per_delta`` messages (10 ms at 100k events/s), no sockets; to the C
+    extension's key sets if ``native`` (and built), else to Python sets."""
     from router.kvevents.apply import TableWriter
     from router.kvevents.sidecar import SLICE_KEYS
     from router.kvevents.sidecar_wire import FrameReader, decode_delta, encode_delta
@@ -105,7 +106,7 @@ def loop_apply_cost(per_delta: int = 31) -> float:
         stream.append(encode_delta("z0", 0, delta, 1))
     best = float("inf")
     for _ in range(3):
-        mirror, reader = MirrorTable(1_000_000), FrameReader()
+        mirror, reader = MirrorTable(1_000_000, native=native), FrameReader()
         t0 = time.process_time()
         for data in stream:
             for _kind, body in reader.feed(data):
@@ -130,8 +131,9 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
             "blocks (64 token ids), half BlockRemoved of 4 (blocks stored 512 messages before). `in-process`: "
             "decoding and tables on the router's event loop (`kv_events.sidecar: false`, the default); `sidecar`: "
             "in the router's child process, the loop applying only changed key sets, in slices of "
-            "2,048 key changes per callback. The layouts (`taskset`, every thread of a process) are listed below the "
-            "table; other tenants of the machine still run on both cores. Each round runs, per router: none, 50k/s, "
+            "2,048 key changes per callback, to the C extension's uint64 sets (`router/state/_keyset.c`); "
+            "`sidecar-python-sets`: the same with Python sets (`kv_events.native_key_sets: false`). The layouts "
+            "(`taskset`, every thread of a process) are listed below the table; other tenants of the machine still run on both cores. Each round runs, per router: none, 50k/s, "
             "none (A/A), 100k/s; "
             f"{rounds} rounds of {duration:g} s cells. p50 lists every round, other columns are medians over rounds; "
             "added = per round against the mean of that round's two no-event cells (for the A/A row: the second "
@@ -146,14 +148,16 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
     import os
+    import shlex
     from pathlib import Path
 
     from loadtests.kv_flood_rounds import measure
     from loadtests.machine import busy_processes, contention_note
     from loadtests.report import write_section
+    from router.state.precise_mirror import key_sets
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"], choices=["in-process", "sidecar"])
+    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"], choices=["in-process", "sidecar", "sidecar-python-sets"])
     p.add_argument("--layouts", nargs="+", default=["flood-apart", "unpinned"],
                    choices=["flood-apart", "router-alone", "unpinned"], help="which cores run what (kv_flood_rounds)")
     p.add_argument("--events-per-s", type=int, nargs="+", default=[50_000, 100_000])
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=4.0, help="seconds per cell")
     p.add_argument("--rounds", type=int, default=3, help="times each cell runs, interleaved")
     p.add_argument("--write", action="store_true")
+    p.add_argument("--section", default=SECTION, help="the docs/benchmarks.md section --write replaces or appends")
     p.add_argument("--skip-set-updates", action="store_true",
                    help="the router's mirrors take no key changes (loadtests/kv_flood_skip): what the flood costs "
                         "the router besides the set updates; sidecar mode only; never with --write")
@@ -180,12 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     out += (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
             f"event (`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own. "
             f"What the sidecar leaves on the loop, framing, decoding and applying the deltas of the same messages "
-            f"(31 per delta, 10 ms at 100k/s) without sockets: {loop_apply_cost():.2f} µs of CPU per event, best of 3 "
+            f"(31 per delta, 10 ms at 100k/s) without sockets: {loop_apply_cost():.2f} µs of CPU per event "
+            f"({key_sets()} key sets), {loop_apply_cost(native=False):.2f} with Python sets, best of 3 "
             "(`loadtests.kv_flood.loop_apply_cost`).")
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:
-        write_section(SECTION, " ".join(["python loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)]), out)
+        command = shlex.join(["python", "loadtests/kv_flood.py", *(sys.argv[1:] if argv is None else argv)])
+        write_section(args.section, command, out)
     return 0
 
 

@@ -131,7 +131,8 @@ def run_mode(mode: str, layout: Layout, backends: list[str], rates: list[int], r
     port = free_port()
     config = {"instances": [{"url": u, "name": f"z{i}", "model": "zero-model"} for i, u in enumerate(backends)],
               "hashing": {"mode": "tokens"},
-              "kv_events": {"enabled": True, "discover": False, "sidecar": mode == "sidecar",
+              "kv_events": {"enabled": True, "discover": False, "sidecar": mode.startswith("sidecar"),
+                            "native_key_sets": mode != "sidecar-python-sets",
                             "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}}
     order = [0]  # none, first flood, none (A/A), the other floods
     for i, rate in enumerate(r for r in rates if r > 0):
@@ -206,7 +207,7 @@ def rows(layout: Layout, mode: str, cells: dict[int, Cell], gaps: float) -> tupl
         out.append([cores, mode, label, f"{med('sent'):,.0f}" if flood else "—",
                     f"{med('applied'):,.0f}" if flood else "—", ", ".join(f"{r['p50']:.2f}" for r in cell.runs),
                     f"{med('p99'):.2f}", added[0], added[1], f"{med('cpu'):.0%}", f"{med('cpu_req_us'):.0f}",
-                    added[2], added[3], f"{med('side'):.0%}" if mode == "sidecar" else "—",
+                    added[2], added[3], f"{med('side'):.0%}" if mode.startswith("sidecar") else "—",
                     f"{med('backlog_s'):.1f}" if flood else "—", f"{sum(r['errors'] for r in cell.runs):.0f}",
                     f"{gaps:.0f}" if rate == max(cells) else ""])
     return out, verdicts

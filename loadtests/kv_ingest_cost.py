@@ -10,6 +10,7 @@ who else runs, so two versions of the code can be compared run against run:
     python loadtests/kv_ingest_cost.py                      # this tree
     python loadtests/kv_ingest_cost.py --source /other/tree # another checkout, same flood
     python loadtests/kv_ingest_cost.py --no-sockets         # decode and apply in one process
+    python loadtests/kv_ingest_cost.py --python-sets        # the loop on Python sets, not the C extension's
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def measure(rate: int, seconds: float) -> dict[str, float]:
+async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, float]:
     import httpx
 
     from loadtests.kv_events_bench import _cpu_s, _flood
@@ -42,6 +43,7 @@ async def measure(rate: int, seconds: float) -> dict[str, float]:
         "instances": [{"url": "http://127.0.0.1:9", "name": "z0", "model": "zero-model"}],
         "hashing": {"mode": "tokens"},
         "kv_events": {"enabled": True, "discover": False, "sidecar": True, "sidecar_nice": 0,
+                      **({} if native else {"native_key_sets": False}),  # a tree before the field has no such key
                       "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}})  # the engine binds
     _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"z0": 8}))
     assert isinstance(ingest, SidecarIngest)
@@ -119,15 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--no-sockets", action="store_true",
                    help="decode and apply in one process instead (sidecar path and in-process path)")
+    p.add_argument("--python-sets", action="store_true",
+                   help="the loop's mirror tables on Python sets (kv_events.native_key_sets: false)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:  # one run, in an interpreter whose path starts with the measured tree
-        print(json.dumps(no_sockets() if args.no_sockets else asyncio.run(measure(args.rate, args.seconds))))
+        print(json.dumps(no_sockets() if args.no_sockets
+                         else asyncio.run(measure(args.rate, args.seconds, not args.python_sets))))
         return 0
     source = str(args.source.resolve())
     env = {**os.environ, "PYTHONPATH": source}  # the sidecar the child starts inherits it
     argv_child = [sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds", str(args.seconds),
-                  *(["--no-sockets"] if args.no_sockets else [])]
+                  *(["--no-sockets"] if args.no_sockets else []), *(["--python-sets"] if args.python_sets else [])]
     runs = [json.loads(subprocess.run(argv_child, env=env, cwd=source, check=True, capture_output=True,
                                       text=True).stdout.splitlines()[-1]) for _ in range(args.runs)]
     if args.no_sockets:
@@ -135,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(format(r['sidecar_path_us'], '.2f') for r in runs)} µs of CPU per event; in-process "
               f"{', '.join(format(r['in_process_us'], '.2f') for r in runs)}")
         return 0
-    print(f"{source}: {args.rate:,} events/s offered, {args.runs} runs of {args.seconds:g} s, load average "
+    sets = " (Python sets)" if args.python_sets else ""
+    print(f"{source}{sets}: {args.rate:,} events/s offered, {args.runs} runs of {args.seconds:g} s, load average "
           f"{os.getloadavg()[0]:.1f}: applied {', '.join(format(r['events_per_s'], ',.0f') for r in runs)} events/s; "
           f"sidecar {', '.join(format(r['sidecar_us'], '.2f') for r in runs)} µs of CPU per event "
           f"(at {', '.join(format(r['sidecar_core'], '.0%') for r in runs)} of a core); router loop "

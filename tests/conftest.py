@@ -76,3 +76,15 @@ def redis_cluster_url() -> Iterator[str]:
 def key_prefix(request: pytest.FixtureRequest) -> str:
     """A namespace of its own for each test, so tests sharing one Redis never interfere."""
     return f"t{abs(hash(request.node.nodeid)) % 10**10}x{time.monotonic_ns() % 10**6}"
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def native_key_sets(request) -> bool:
+    """Mirror tables with the C extension's key sets, then with Python sets
+    (``kv_events.native_key_sets``); native is skipped where the extension was not built
+    (.ci/run checks that it builds)."""
+    from router.state.precise_mirror import NATIVE_BUILT
+
+    if request.param and not NATIVE_BUILT:
+        pytest.skip("router.state._keyset is not built here (pip install -e . builds it)")
+    return request.param

@@ -79,6 +79,9 @@ class KVEventsConfig(_Strict):
     sidecar: bool = Field(default=False, description="decode and apply KV events in a child process the "
                           "router owns (restarted if it dies), which ships only changed key sets to the event "
                           "loop: for tens of thousands of events/s and more, so that routing latency stays as it is")
+    native_key_sets: bool = Field(default=True, description="with the sidecar, the loop's key sets are the C "
+                                  "extension router.state._keyset's where it was built (GET /debug/kv_events: "
+                                  "key_sets); false, or not built: Python sets, ~4x the loop's CPU per key change")
     sidecar_nice: int = Field(default=5, ge=0, le=19, description="the sidecar's CPU priority below the router's "
                               "(Unix nice increment): when the cores are contended, routing goes first and an "
                               "ingestion that falls behind shows as sequence gaps (approximate residency until resynced)")

@@ -6,6 +6,8 @@ the engines report, and returns the ingestion whose lifecycle the app runs.
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CollectorRegistry
 
 from router.config.model import RouterConfig
@@ -43,7 +45,8 @@ def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
     if not kv.enabled:
         return store, None
     residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
-                               factory=MirrorTable if kv.sidecar else BlockTable)
+                               factory=functools.partial(MirrorTable, native=kv.native_key_sets) if kv.sidecar
+                               else BlockTable)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
                            default_cap=max(caps.values(), default=8192))

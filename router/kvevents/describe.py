@@ -2,7 +2,9 @@
 
 An operator (or a test) asks: is this engine's residency from its events, how far has
 the router read its stream, and what did its events do. ``last_sequence`` compared with
-the publisher's own sequence says whether the router has caught up.
+the publisher's own sequence says whether the router has caught up; with the sidecar,
+``key_sets`` says whether the loop's mirror tables use the C extension ("native") or
+Python sets ("python").
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import dataclasses
 from typing import Any
 
 from router.kvevents.ingest import KVEventIngest
+from router.kvevents.sidecar import SidecarIngest
 
 
 def describe(ingest: KVEventIngest) -> dict[str, Any]:
     residency = ingest.residency
     return {
         "receive_errors": ingest.receive_errors,
+        "key_sets": ingest.key_sets if isinstance(ingest, SidecarIngest) else None,
         "sources": [
             {"instance": s.spec.instance, "dp_rank": s.spec.dp_rank, "endpoint": s.spec.endpoint, "bind": s.spec.bind,
              "topic": s.spec.topic, "replay_endpoint": s.spec.replay_endpoint, "synced": s.synced,

@@ -38,7 +38,7 @@ from router.kvevents.sidecar_wire import (
 )
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
-from router.state.precise_mirror import MirrorTable, delta_changes
+from router.state.precise_mirror import MirrorTable, delta_changes, key_sets
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,16 @@ class SidecarIngest(KVEventIngest):
         self._errors_base = 0
         self._errors_now = 0
         self.restarts = 0  # sidecars started after the first
+        self.key_sets = key_sets(self._kv.native_key_sets)  # the mirrors': "native" (router.state._keyset) or "python"
 
     # -- the process ---------------------------------------------------------------------
     async def _open(self) -> None:
+        if self.key_sets == "native":
+            log.info("kv events: the mirror tables use native key sets (router.state._keyset)")
+        else:
+            log.warning("kv events: the mirror tables use Python sets (%s): each key change costs the event loop "
+                        "~4x more", "kv_events.native_key_sets is false" if not self._kv.native_key_sets
+                        else "router.state._keyset was not built: no C compiler at install time")
         await self._spawn()
         self._tasks.append(asyncio.create_task(self._watch(), name="pd-router-kv-sidecar"))
 

@@ -17,7 +17,7 @@ blocks the oldest stored are forgotten (counted), as the engine evicts its oldes
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 
 _GPU, _OFFLOAD = 1, 2
 
@@ -25,6 +25,19 @@ _GPU, _OFFLOAD = 1, 2
 def tier_of(medium: str | None) -> int:
     """GPU for an event without a medium (older engines) or ``GPU``; offload otherwise."""
     return _GPU if medium is None or medium == "GPU" or medium.upper() == "GPU" else _OFFLOAD
+
+
+def leading_depth(keys: Sequence[int], gpu: Container[int], offload: Container[int], cpu_weight: float) -> float:
+    """The leading ``keys`` held: 1 each on ``gpu``, ``cpu_weight`` each on ``offload`` only."""
+    total = 0.0
+    for key in keys:
+        if key in gpu:
+            total += 1.0
+        elif key in offload:
+            total += cpu_weight
+        else:
+            break
+    return total
 
 
 class BlockTable:
@@ -143,16 +156,7 @@ class BlockTable:
 
     def depth(self, keys: Sequence[int], cpu_weight: float) -> float:
         """Leading ``keys`` held, an offloaded one counting ``cpu_weight``."""
-        gpu, offload = self._gpu, self._offload
-        total = 0.0
-        for key in keys:
-            if key in gpu:
-                total += 1.0
-            elif key in offload:
-                total += cpu_weight
-            else:
-                break
-        return total
+        return leading_depth(keys, self._gpu, self._offload, cpu_weight)
 
     def _count(self, keys: tuple[int, ...], tier: int, delta: int) -> None:
         counts = self._gpu if tier == _GPU else self._offload

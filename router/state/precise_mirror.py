@@ -7,6 +7,10 @@ is held per tier, so the child ships, per table, the keys whose presence changed
 the last shipment (a key stored then removed in between is shipped once, as absent) and
 the parent keeps just those sets (``MirrorTable``): applying a shipment is two C-level set
 operations per tier, whatever the events looked like.
+
+The sets are ``router.state._keyset.KeySet`` (a C extension: uint64 keys applied straight
+from the delta's arrays, no Python int per key) when it was built, Python sets otherwise
+or when asked (``kv_events.native_key_sets: false``); same contents either way.
 """
 
 from __future__ import annotations
@@ -14,8 +18,40 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
-from router.state.precise import _GPU, BlockTable
+from router.state.precise import _GPU, BlockTable, leading_depth
+
+try:
+    from router.state._keyset import KeySet as _KeySet
+    from router.state._keyset import depth as _native_depth
+except ImportError:  # installed without a C compiler: Python sets, same contents
+    _KeySet = None  # type: ignore[assignment,misc]
+
+
+NATIVE_BUILT = _KeySet is not None
+
+
+def key_sets(native: bool = True) -> Literal["native", "python"]:
+    """Which key sets ``MirrorTable(native=native)`` uses: the C extension's if asked and built."""
+    return "native" if native and NATIVE_BUILT else "python"
+
+
+class PyKeySet(set[int]):
+    """A Python set with the two ``KeySet`` methods the mirror applies deltas with (each
+    key becomes a Python int first: ~4x the C extension's cost per key change)."""
+
+    __slots__ = ()
+
+    def add_keys(self, keys: array[int], start: int = 0, stop: int | None = None) -> int:
+        n = len(self)
+        self.update((keys if start == 0 and stop is None else keys[start:stop]).tolist())
+        return len(self) - n
+
+    def remove_keys(self, keys: array[int], start: int = 0, stop: int | None = None) -> int:
+        n = len(self)
+        self.difference_update((keys if start == 0 and stop is None else keys[start:stop]).tolist())
+        return n - len(self)
 
 
 def _keys() -> array[int]:
@@ -172,26 +208,37 @@ class TrackedTable(BlockTable):
 class MirrorTable(BlockTable):
     """The parent's copy of a ``TrackedTable``: the keys held per tier, its size and state.
 
-    Written only by ``apply``; the engine-block map stays in the sidecar."""
+    Written only by ``apply``; the engine-block map stays in the sidecar. Its key sets
+    are native if ``native`` and the extension was built (``key_sets``), else Python sets."""
 
-    __slots__ = ("_size", "_held_gpu", "_held_offload")
+    __slots__ = ("_size", "_native", "_held_gpu", "_held_offload")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, native: bool = True) -> None:
         super().__init__(capacity)
         self._size = 0
-        self._held_gpu: set[int] = set()
-        self._held_offload: set[int] = set()
+        self._native = key_sets(native) == "native"
+        make = _KeySet if self._native else PyKeySet
+        self._held_gpu: _KeySet | PyKeySet = make()
+        self._held_offload: _KeySet | PyKeySet = make()
 
     def __len__(self) -> int:
         return self._size
+
+    @property
+    def native(self) -> bool:
+        return self._native
+
+    def held(self) -> tuple[set[int], set[int]]:
+        """Copies of the keys held on the GPU and offload tiers (for tests and debugging)."""
+        return set(self._held_gpu), set(self._held_offload)
 
     def apply(self, delta: TableDelta) -> None:
         """The whole shipment at once (``apply_part`` with no budget)."""
         self.apply_part(delta, 0, delta_changes(delta))
 
     def apply_part(self, delta: TableDelta, done: int, budget: int) -> int:
-        """Apply up to ``budget`` of the shipment's key changes from the ``done``-th on, in
-        C-level set operations over array slices; returns how many are done now. The table's
+        """Apply up to ``budget`` of the shipment's key changes from the ``done``-th on,
+        straight from the delta's arrays; returns how many are done now. The table's
         state (size, overflow, freshness) changes with the last slice, and a reset with the
         first: in between, a decision reads a table that is part old, part new, as it would
         between two events applied in-process."""
@@ -201,12 +248,15 @@ class MirrorTable(BlockTable):
             offload.clear()
         start, end = done, done + budget
         pos = 0
-        for keys, update in ((delta.removed_gpu, gpu.difference_update), (delta.added_gpu, gpu.update),
-                             (delta.removed_offload, offload.difference_update), (delta.added_offload, offload.update)):
+        for keys, update in ((delta.removed_gpu, gpu.remove_keys), (delta.added_gpu, gpu.add_keys),
+                             (delta.removed_offload, offload.remove_keys), (delta.added_offload, offload.add_keys)):
             n = len(keys)
             lo, hi = max(start - pos, 0), min(end - pos, n)
             if lo < hi:
-                update((keys if lo == 0 and hi == n else keys[lo:hi]).tolist())
+                if lo == 0 and hi == n:
+                    update(keys)
+                else:
+                    update(keys, lo, hi)
             pos += n
         if end >= pos:
             self._size = delta.size
@@ -228,15 +278,9 @@ class MirrorTable(BlockTable):
 
     def depth(self, keys: Sequence[int], cpu_weight: float) -> float:
         gpu, offload = self._held_gpu, self._held_offload
-        total = 0.0
-        for key in keys:
-            if key in gpu:
-                total += 1.0
-            elif key in offload:
-                total += cpu_weight
-            else:
-                break
-        return total
+        if self._native:
+            return _native_depth(keys, gpu, offload, cpu_weight)  # type: ignore[arg-type]
+        return leading_depth(keys, gpu, offload, cpu_weight)
 
     def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None:
         raise TypeError("a mirror table is written by its sidecar's deltas only")

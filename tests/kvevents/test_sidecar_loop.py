@@ -29,11 +29,11 @@ class Channel:
     """A ``SidecarIngest`` with no process: the test plays the sidecar on the other end of
     the socketpair the loop reads, as ``_spawn`` would have set it up."""
 
-    def __init__(self) -> None:
+    def __init__(self, native_key_sets: bool = True) -> None:
         config = load_config(overrides={
             "instances": [{"url": "http://127.0.0.1:9000", "name": "a", "model": "m"}],
             "hashing": {"mode": "tokens"},
-            "kv_events": {"enabled": True, "discover": False, "sidecar": True,
+            "kv_events": {"enabled": True, "discover": False, "sidecar": True, "native_key_sets": native_key_sets,
                           "sources": {"a": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv"}}},
         })
         _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
@@ -98,11 +98,13 @@ def random_batch(rng: random.Random, live: list[tuple[int, list[int]]], next_has
 
 
 @pytest.mark.parametrize("seed", range(8))
-async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, monkeypatch):
+async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, native_key_sets, monkeypatch):
     rng = random.Random(seed)
     monkeypatch.setattr(sidecar_mod, "SLICE_KEYS", rng.choice((1, 3, 7, 64)))
-    ch = Channel()
+    ch = Channel(native_key_sets)
     try:
+        assert ch.mirror().native == native_key_sets
+        assert ch.ingest.key_sets == ("native" if native_key_sets else "python")
         reference = TableWriter(BlockTable(32), "m", 16)  # small: evictions too
         tracked = TableWriter(TrackedTable(32), "m", 16)
         live: list[tuple[int, list[int]]] = []
@@ -125,7 +127,7 @@ async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(s
             await ch.send(stream[cut:])
             await ch.settle()
             mirror, ref = ch.mirror(), reference.table
-            assert (mirror._held_gpu, mirror._held_offload) == (set(ref._gpu), set(ref._offload))
+            assert mirror.held() == (set(ref._gpu), set(ref._offload))
             assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
             for probe in probes:
                 assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)

@@ -43,9 +43,10 @@ def random_ops(rng: random.Random, reference: BlockTable, tracked: TrackedTable,
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed):
+def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed, native_key_sets):
     rng = random.Random(seed)
-    reference, tracked, mirror = BlockTable(64), TrackedTable(64), MirrorTable(64)
+    reference, tracked, mirror = BlockTable(64), TrackedTable(64), MirrorTable(64, native=native_key_sets)
+    assert mirror.native == native_key_sets
     for _ in range(40):
         random_ops(rng, reference, tracked, rng.randrange(0, 30))
         tracked.fresh = rng.random() < 0.8
@@ -53,7 +54,7 @@ def test_the_mirror_holds_what_the_table_counts_after_every_delta(seed):
         assert delta is not None  # setting fresh touched it
         mirror.apply(delta)
         assert held(tracked) == held(reference)
-        assert (mirror._held_gpu, mirror._held_offload) == held(reference)
+        assert mirror.held() == held(reference)
         assert len(mirror) == len(reference) and mirror.overflow == reference.overflow
         assert mirror.fresh == tracked.fresh
         for _ in range(5):
