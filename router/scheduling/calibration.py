@@ -21,13 +21,6 @@ Two rules keep the beliefs self-correcting:
 * Two sources: the router's own first-byte TTFTs, and the engines' own prefill histograms
   (router/engines/prefill_rate.py, folded in with a weight below one), which also measure
   traffic that bypasses this router and instances it stopped sending to.
-* Log space: the factor is a geometric mean of the measured / estimated ratios (warm-up)
-  and an EWMA of their logarithms after it. A rate error is a factor, and the ratios are
-  skewed: a queue the estimate misjudged or a store load that ran long measures 3-10x,
-  one that went better 0.3-0.8x. A plain mean of ratios lets each of the former multiply
-  the factor by 1 + alpha (r - 1) (x2.8 for r = 10): in the store replay of the
-  conversation trace (rates told exactly, median ratio 0.83) it swung between 1.0 and its
-  5.0 bound over the first 3,000 requests; in log space r = 10 moves it by 10 ** alpha.
 * Staleness: a factor is only as good as its last measurement. One that has not been
   re-measured for ``stale_after_s`` relaxes toward 1.0 (the configured rate) with
   ``relax_half_life_s``. A factor high enough to keep all traffic away from an instance
@@ -86,8 +79,8 @@ class Calibrator:
         ewma = c.alpha if weight == 1.0 else 1.0 - math.pow(1.0 - c.alpha, weight)  # exact for one measurement
         alpha = min(1.0, max(ewma, weight / n)) if n <= c.warmup else ewma
         old = self.factor(instance)
-        # in log space: old * (actual / estimated) ** alpha, the EWMA of log(old * ratio)
-        new = min(c.max_factor, max(c.min_factor, old * math.exp(alpha * math.log(actual_s / estimated_s))))
+        target = old * actual_s / estimated_s
+        new = min(c.max_factor, max(c.min_factor, (1 - alpha) * old + alpha * target))
         self.factors[instance] = new
         self._measured_at[instance] = self._clock()
         return new
