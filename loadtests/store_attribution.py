@@ -1,6 +1,6 @@
 """Where the store-aware router's TTFT estimate goes wrong, request by request.
 
-    python loadtests/store_attribution.py [--trace PATH] [--limit N] [--rate-scale X]
+    python loadtests/store_attribution.py [--trace PATH] [--limit N] [--rate-scale X] [--prefill-chunk-tokens N] [--told-only | --not-told-only]
 
 The store replay of store_bench.py (8 mixed engines, a shared store), with the router told
 of the store and not told, each request's estimate and measured TTFT kept, and for every
@@ -35,7 +35,8 @@ from router.scheduling.store_cost import load_seconds
 from router.state.base import Load
 from router.state.store_tier import StoreHit
 from router.tools.emulator.request import EngineRequest
-from router.tools.replay.cluster import ClusterSpec, Node
+from loadtests.store_bench import cluster
+from router.tools.replay.cluster import Node
 from router.tools.replay.run import policy_for
 from router.tools.replay.sim import Simulation
 from router.tools.replay.source import load_trace
@@ -82,9 +83,9 @@ class AttributedSimulation(Simulation):
         super()._load_end(rid)
 
 
-def run(trace_path: str, limit: int | None, rate_scale: float, aware: bool) -> AttributedSimulation:
+def run(trace_path: str, limit: int | None, rate_scale: float, aware: bool, chunk: int | None = None) -> AttributedSimulation:
     trace = load_trace(trace_path, 0).limited(limit).scaled(rate_scale)
-    spec = ClusterSpec(mixed=8, store_tokens=20_000_000, store_aware=aware)
+    spec = cluster(chunk, store_tokens=20_000_000, store_aware=aware)
     sim = AttributedSimulation(trace, spec, policy_for("ttft", spec, 0))
     sim.obs = Observed()
     sim.run()
@@ -136,10 +137,19 @@ def main() -> int:
     p.add_argument("--trace", default=str(DEFAULT_TRACE))
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--rate-scale", type=float, default=2.0)
+    p.add_argument("--prefill-chunk-tokens", type=int, default=None,
+                   help="the step budget the router is told (default: the engines' own; 0 = not told)")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--told-only", action="store_true", help="only the router told of the store")
+    only.add_argument("--not-told-only", action="store_true", help="only the router not told of the store")
     args = p.parse_args()
-    told = run(args.trace, args.limit, args.rate_scale, True)
-    threshold = report("store, router told", told, 0.0)
-    report("store, router not told", run(args.trace, args.limit, args.rate_scale, False), threshold)
+    threshold = 0.0
+    if not args.not_told_only:
+        told = run(args.trace, args.limit, args.rate_scale, True, args.prefill_chunk_tokens)
+        threshold = report("store, router told", told, 0.0)
+    if not args.told_only:
+        report("store, router not told", run(args.trace, args.limit, args.rate_scale, False, args.prefill_chunk_tokens),
+               threshold)
     return 0
 
 

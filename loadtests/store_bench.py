@@ -5,7 +5,9 @@
 
 replay: the Mooncake conversation trace (../shared/traces/conversation_trace.jsonl) on the
 colocated cluster of replay_bench (8 mixed engines, arrivals x2), without a store and with one
-every engine shares (--store-tokens, --store-gbps; the router told of it, and not told).
+every engine shares (--store-tokens, --store-gbps; the router told of it, and not told). The
+router is told the engines' step budget (policy.ttft.prefill_chunk_tokens) in every cluster:
+a load landing while another prefill computes waits for that prefill's chunks.
 Targets: hit ratio (local cache + store) of ``ttft`` with the store >= 1.8x the same cluster
 without one; p90 TTFT gap_closed >= 0.7, i.e. (best baseline without a store - ttft with it) /
 (best baseline without a store - bound). Also shown: gap_closed against the baselines on the
@@ -28,6 +30,7 @@ import argparse
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,10 +52,16 @@ def _trace(path: str, limit: int | None, rate_scale: float = RATE_SCALE) -> Trac
     return load_trace(path, 0).limited(limit).scaled(rate_scale)
 
 
+def cluster(chunk: int | None = None, **fields: object) -> ClusterSpec:
+    """The bench's cluster: 8 mixed engines, the router told their step budget
+    (``policy.ttft.prefill_chunk_tokens``: the engines' own, unless ``chunk``; 0 = not told)."""
+    spec = ClusterSpec(mixed=8, **fields)  # type: ignore[arg-type]
+    return replace(spec, prefill_chunk_tokens=spec.step_budget() if chunk is None else chunk)
+
+
 def _one(job: tuple[str, int | None, float, str, str, dict[str, object]]) -> tuple[str, str, dict[str, object]]:
     path, limit, rate_scale, label, policy, spec_fields = job
-    spec = ClusterSpec(mixed=8, **spec_fields)  # type: ignore[arg-type]
-    return label, policy, replay(_trace(path, limit, rate_scale), spec, policy).summary
+    return label, policy, replay(_trace(path, limit, rate_scale), cluster(**spec_fields), policy).summary  # type: ignore[arg-type]
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -61,8 +70,9 @@ def run_replay(args: argparse.Namespace) -> int:
     except TraceError as exc:
         print(f"trace not readable: {args.trace}: {exc} (see ../shared/traces/README.md)", file=sys.stderr)
         return 2
-    store = {"store_tokens": args.store_tokens, "store_gbps": args.store_gbps}
-    configs = {"no store": {}, "store": store, "store, router not told": {**store, "store_aware": False}}
+    chunk = {"chunk": args.prefill_chunk_tokens}
+    store = {**chunk, "store_tokens": args.store_tokens, "store_gbps": args.store_gbps}
+    configs = {"no store": chunk, "store": store, "store, router not told": {**store, "store_aware": False}}
     jobs = [(args.trace, args.limit, args.rate_scale, label, policy, fields) for label, fields in configs.items()
             for policy in ("ttft", *BASELINES) if label != "store, router not told" or policy == "ttft"]
     results: dict[tuple[str, str], dict[str, object]] = {}
@@ -90,7 +100,8 @@ def run_replay(args: argparse.Namespace) -> int:
                   "gap closed (vs best baseline, no store)"], rows)
     body += (
         f"\n\n{len(trace.requests)} requests, 8 mixed llama3-8b-h100 engines, arrivals x{args.rate_scale:g}; store "
-        f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads. Virtual time: the "
+        f"{args.store_tokens:,} tokens at {args.store_gbps:g} Gbit/s shared by concurrent loads; the router told the "
+        f"engines' step budget (prefill_chunk_tokens {cluster(args.prefill_chunk_tokens).prefill_chunk_tokens}). Virtual time: the "
         f"figures do not depend on the machine's load.\n\n"
         f"- hit ratio, `ttft` with the store / without: **{hit_x:.2f}x** (target >= 1.8x).\n"
         f"- p90 gap_closed of `ttft` with the store, from the best baseline without one (`{best_plain}`, "
@@ -103,7 +114,8 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.write:
         command = ("python loadtests/store_bench.py replay --trace ../shared/traces/conversation_trace.jsonl --write"
                    + (f" --limit {args.limit}" if args.limit else "")
-                   + (f" --rate-scale {args.rate_scale:g}" if args.rate_scale != RATE_SCALE else ""))
+                   + (f" --rate-scale {args.rate_scale:g}" if args.rate_scale != RATE_SCALE else "")
+                   + (f" --prefill-chunk-tokens {args.prefill_chunk_tokens}" if args.prefill_chunk_tokens is not None else ""))
         write_section("Shared KV store: replay of the conversation trace", command, body)
     return 0
 
@@ -118,6 +130,8 @@ def main() -> int:
     r.add_argument("--store-tokens", type=int, default=20_000_000)
     r.add_argument("--store-gbps", type=float, default=100.0)
     r.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    r.add_argument("--prefill-chunk-tokens", type=int, default=None,
+                   help="the step budget the router is told (default: the engines' own; 0 = not told)")
     r.add_argument("--write", action="store_true")
     m = sub.add_parser("migrate", help="failure -> next token, store vs re-prefill")
     m.add_argument("--rounds", type=int, default=5)

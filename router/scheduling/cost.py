@@ -1,6 +1,6 @@
 """TTFT estimate for a colocated instance: queueing + prefill of the uncached tokens.
 
-    ttft = queue + prefill + interference + admission
+    ttft = queue + prefill + interference + admission    (route cost: + delays, below)
     queue        = (booked prefill ahead - what its head has run) / rate
                    + others' work sharing the step of the last chunk (chunked prefill)
     prefill      = overhead + uncached / rate + attention * (prompt^2 - cached^2) / 2
@@ -12,7 +12,9 @@ c..n attends over the whole context, sum_{t=c}^{n} t ~ (n^2 - c^2) / 2. Rates ar
 instance when declared (or calibrated), else the configured default. Cached tokens are
 the expected ones: the matched run times the confidence that the engine still holds it.
 With a shared KV store, the prefill is the cheaper of computing what the instance lacks and
-loading what the store holds while computing the rest (store_cost.py).
+loading what the store holds while computing the rest (store_cost.py); ``delays`` is what the
+prefill costs the loads landing on the instance while it computes (store_cost.landing_delay_s),
+priced with the route but not part of this request's TTFT.
 
 Why admission: an engine admits a request only when its KV cache has room for it, so on
 an instance whose booked KV (the union of the blocks its requests in flight hold, plus
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 
 from router.config.model import TTFTWeights
 from router.scheduling.framework import RouteRequest, View
-from router.scheduling.store_cost import load_seconds, stored_tokens
+from router.scheduling.store_cost import landing_delay_s, load_seconds, stored_tokens
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,16 @@ class TTFTTerms:
     interference_s: float
     uncached_tokens: int
     admission_s: float = 0.0
+    delays_s: float = 0.0  # others' first tokens this prefill delays (not in total_s: not this request's)
 
     @property
     def total_s(self) -> float:
         return self.queue_s + self.prefill_s + self.interference_s + self.admission_s
+
+    @property
+    def cost_s(self) -> float:
+        """What the route costs: this request's TTFT and the delays it causes."""
+        return self.total_s + self.delays_s
 
 
 def prefill_seconds(uncached: float, prompt: int, rate: float, weights: TTFTWeights) -> float:
@@ -141,11 +149,17 @@ def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: fl
     uncached = req.prompt_tokens - cached
     load = view.load
     queue = queued_seconds(view, rate)
+    queue_s = queue + shared_step_tokens(queue * rate, uncached, weights.prefill_chunk_tokens) / rate
+    delays = 0.0
+    if req.landings:
+        computing = prefill_seconds(uncached, req.prompt_tokens, rate, weights)
+        delays = landing_delay_s(req, view, queue_s, computing, uncached, weights.prefill_chunk_tokens)
     return TTFTTerms(
-        queue_s=queue + shared_step_tokens(queue * rate, uncached, weights.prefill_chunk_tokens) / rate,
+        queue_s=queue_s,
         prefill_s=prefill_s,
         interference_s=weights.decode_interference_s * load.requests,
         uncached_tokens=round(uncached),
         admission_s=admission_wait(load.kv_tokens, load.requests, uncached + req.max_tokens,
                                    view.candidate.cache_tokens, req.max_tokens, weights),
+        delays_s=delays,
     )

@@ -105,14 +105,17 @@ class Routed:
 
 def book_store_load(tier: StoreTier, req: RouteRequest, decision: Decision, snap: Snapshot,
                     candidates: Sequence[Candidate]) -> None:
-    """Book on the tier the load the chosen prefilling instance will make (store_cost.py)."""
+    """Book on the tier the load the chosen prefilling instance will make (store_cost.py), and,
+    colocated, where and when it waits for its last token: at the decision's estimate."""
     prefilling = decision.prefill or decision.instance
     cand = next((c for c in candidates if c.id == prefilling), None)
     if cand is None or req.store is None:
         return
     view = View(cand, snap.matched.get(prefilling, 0), snap.loads.get(prefilling, Load()), None, None,
                 snap.confidence.get(prefilling, 1.0))
-    tier.book_load(loaded_tokens(req, view), cand.kv_bytes_per_token or req.store.bytes_per_token)
+    landing = prefilling if decision.prefill is None else None  # a prefill leg's last token reaches no client
+    tier.book_load(loaded_tokens(req, view), cand.kv_bytes_per_token or req.store.bytes_per_token, landing,
+                   decision.estimate_s)
 
 
 async def decide(
@@ -130,9 +133,9 @@ async def decide(
     store's ``tier``, the request carries what the store holds of it (priced in cost.py), and
     its prefix is believed stored once booked: the engine that computes it writes it there."""
     if tier is not None and req.keys:
-        hit = tier.hit(req.keys)
-        if hit is not None:
-            req = replace(req, store=hit)
+        hit, landings = tier.hit(req.keys), tier.landings()
+        if hit is not None or landings:
+            req = replace(req, store=hit, landings=landings or None)
     pool: Sequence[Candidate] = ()
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
         pruned = pruner.prune(store, req, candidates)

@@ -34,11 +34,14 @@ class RouteRequest:
     population: tuple[int, int] | None = None
     # what a shared KV store holds of the prompt (kv_store; store_tier.py), None without one
     store: StoreHit | None = None
+    # per instance, seconds from now when store loads booked there wait for their last token
+    # (StoreTier.landings; priced by store_cost.landing_delay_s), None without a store tier
+    landings: Mapping[str, tuple[float, ...]] | None = None
 
     def with_population(self, population: tuple[int, int]) -> RouteRequest:
         """This request with its pool's ``population`` (``dataclasses.replace`` costs 3x)."""
         return RouteRequest(self.id, self.keys, self.prompt_tokens, self.max_tokens, self.block_tokens, population,
-                            self.store)
+                            self.store, self.landings)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ class QueueScorer:
 class TTFTScorer:
     """best estimated TTFT / this route's estimate: 1 for the fastest, in (0, 1]. The
     estimate is the colocated one (cost.py) on the prefilling instance; pd_ttft prices
-    whole pairs.
+    whole pairs. With a shared store's landings, a route's estimate (``estimates``) is its
+    cost: the TTFT plus the delays it causes to loads landing there (``TTFTTerms.cost_s``);
+    ``estimate`` stays the request's own TTFT (the decision's ``estimate_s``).
 
     ``estimates`` inlines cost.colocated_ttft because it runs for every candidate of
     every decision (tests/scheduling check that the two agree), and keeps the last call's
@@ -91,7 +93,7 @@ class TTFTScorer:
     def terms(self, req: RouteRequest, route: View) -> dict[str, float]:
         t = colocated_ttft(req, route.prefilling, self._weights)
         return {"ttft_s": t.total_s, "queue_s": t.queue_s, "prefill_s": t.prefill_s,
-                "interference_s": t.interference_s, "admission_s": t.admission_s,
+                "interference_s": t.interference_s, "admission_s": t.admission_s, "delays_s": t.delays_s,
                 "uncached_tokens": float(t.uncached_tokens)}
 
     def estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
@@ -107,8 +109,9 @@ class TTFTScorer:
 
     def _estimates(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
         w = self._weights
-        if req.store is not None:  # a load from the shared store competes with the compute (store_cost.py)
-            return [colocated_ttft(req, r.prefilling, w).total_s for r in routes]
+        if req.store is not None or req.landings:  # a load from the shared store competes with the compute,
+            # and a prefill delays the loads landing where it computes (store_cost.py)
+            return [colocated_ttft(req, r.prefilling, w).cost_s for r in routes]
         default_rate, overhead = w.prefill_tokens_per_s, w.request_overhead_s
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
         chunk = w.prefill_chunk_tokens

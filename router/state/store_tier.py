@@ -21,6 +21,13 @@ stretched by 1 / (1 - rho), the expected stay in a processor-sharing queue at th
 Without it the replay's loads took 1.2x (median) to 2.7x (p90) their price, and 1.3x / 2.9x
 the fair share of the loads moving at their start even when those were known exactly
 (docs/benchmarks.md, store replay).
+
+A load also ends somewhere: each booking names its instance and when the request is expected
+ready for its last prompt token (``ready_s``, the decision's TTFT estimate). That token needs
+one more engine step, and when another prefill is computing there the step in progress and
+the next are that prefill's chunks (chunked prefill): the loader's first token comes up to a
+step and a half later. The tier lists these landings per instance (``landings``) so a later
+decision can price the delay it would cause by computing there (store_cost.landing_delay_s).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class StoreTier:
         self._window_s = window_s
         self._started: deque[tuple[float, float]] = deque(maxlen=self.max_loads)  # (start, seconds alone), last window
         self._asked_s = 0.0  # sum of the seconds alone in _started
+        self._landings: deque[tuple[float, str]] = deque(maxlen=self.max_loads)  # (ready at, instance)
 
     def hit(self, keys: Sequence[int]) -> StoreHit | None:
         """What the store holds of ``keys``, or None when nothing (the request prices as without a store)."""
@@ -99,16 +107,38 @@ class StoreTier:
             self._loads.extend(live)
         return len(live), sum(s * (b - now) / (b - a) for a, b, s in live)
 
-    def book_load(self, tokens: float, bytes_per_token: int) -> None:
+    def landings(self) -> dict[str, tuple[float, ...]]:
+        """Per instance, in seconds from now, when the loads booked there are expected to be
+        ready for their last token (past ones are dropped); empty when none is pending."""
+        pending = self._landings
+        if not pending:
+            return {}
+        now = self._clock()
+        live = [(t, i) for t, i in pending if t > now]
+        if len(live) != len(pending):
+            pending.clear()
+            pending.extend(live)
+        out: dict[str, list[float]] = {}
+        for t, instance in live:
+            out.setdefault(instance, []).append(t - now)
+        return {i: tuple(ts) for i, ts in out.items()}
+
+    def book_load(self, tokens: float, bytes_per_token: int, instance: str | None = None,
+                  ready_s: float | None = None) -> None:
         """A request was routed to load ``tokens`` of KV from the store: book its bytes until
-        it is expected done, sharing the bandwidth with what is already moving."""
+        it is expected done, sharing the bandwidth with what is already moving; with its
+        ``instance``, book where and when (``ready_s`` from now, else the load's end) it will
+        wait for its last token."""
         if tokens <= 0:
             return
         now = self._clock()
         loads, backlog = self._in_flight(now)
         alone = tokens * bytes_per_token / self._bytes_per_s
         stretch = 1.0 / (1.0 - self.utilization(now))
-        self._loads.append((now, now + self._setup_s + (alone + min(loads * alone, backlog)) * stretch, alone))
+        end = now + self._setup_s + (alone + min(loads * alone, backlog)) * stretch
+        self._loads.append((now, end, alone))
+        if instance is not None:
+            self._landings.append((now + ready_s if ready_s is not None else end, instance))
         if len(self._started) == self._started.maxlen:
             self._asked_s -= self._started[0][1]
         self._started.append((now, alone))

@@ -76,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-gbps", type=float, default=100.0, help="the store's read bandwidth, Gbit/s, shared by loads")
     p.add_argument("--store-unaware", action="store_true",
                    help="the engines share the store but the router is not told (kv_store.enabled off)")
+    p.add_argument("--prefill-chunk-tokens", type=int, default=0,
+                   help="the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens; the profile's "
+                        "is 8192); 0 = not told (the default). With a store, a prefill is priced the delay it causes to "
+                        "loads landing where it computes only when told")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--no-bound", action="store_true", help="leave out the bound row (each request alone, everything earlier cached) and gap_closed")
     p.add_argument("--sweep", default=None, metavar="X,Y,...",
@@ -92,12 +96,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.rate_scale <= 0 or (args.limit is not None and args.limit < 1) or args.ttft_slo <= 0:
-            raise ValueError("--rate-scale and --ttft-slo must be > 0 and --limit >= 1")
+        if (args.rate_scale <= 0 or (args.limit is not None and args.limit < 1) or args.ttft_slo <= 0
+                or args.prefill_chunk_tokens < 0):
+            raise ValueError("--rate-scale and --ttft-slo must be > 0, --limit >= 1 and --prefill-chunk-tokens >= 0")
         mixed = args.mixed if args.mixed is not None else (0 if args.prefill or args.decode else 8)
         spec = ClusterSpec(args.prefill, args.decode, mixed, args.profile, args.cache_tokens, args.link_gbps,
                            router_cache_tokens=args.router_cache_tokens, store_tokens=args.store_tokens,
-                           store_gbps=args.store_gbps, store_aware=not args.store_unaware)
+                           store_gbps=args.store_gbps, store_aware=not args.store_unaware,
+                           prefill_chunk_tokens=args.prefill_chunk_tokens)
         base = load_trace(args.trace, args.seed).limited(args.limit)
         trace = base.scaled(args.rate_scale)
         scales = [float(x) for x in args.sweep.split(",")] if args.sweep else []
