@@ -71,10 +71,8 @@ class MultiprocessExport:
         self._copied: dict[tuple[str, tuple[str, ...]], _Copied] = {}
 
     def _targets(self, family: AnyFamily, key: tuple[str, ...]) -> list[Any]:
-        mirror = self._mirrors.get(family.name)
-        if mirror is not None or not isinstance(family, PlainHistogram):
-            assert mirror is not None
-            return [mirror.labels(*key)]
+        if not isinstance(family, PlainHistogram):
+            return [self._mirrors[family.name].labels(*key)]
         name, doc, names = family.name, family.documentation, family.labelnames
         buckets = [values.ValueClass("histogram", name, name + "_bucket", (*names, "le"), (*key, le), doc)
                    for le in family.le]

@@ -136,7 +136,8 @@ class Standby(Hook):
             return
         # the prompt's blocks are pinned like a routed request's: a prefix the backup already holds for
         # requests in flight (another session's warm, its own traffic) is booked there once
-        tail = max(0, prompt_tokens - len(keys) * block_tokens)  # a pinning leg books its own KV: the tail past the blocks
+        # a pinning leg books its own KV apart: the prompt's tail past the blocks, and the warm's one output token
+        tail = max(0, prompt_tokens - len(keys) * block_tokens)
         booking = Booking.single(f"standby-{self._new_id()}", backup.id, 0, tail + 1, keys, block_tokens)
         body = warm_body(parsed.body)
         sent = {**headers, "x-request-id": f"{request_id}-standby"}

@@ -45,13 +45,18 @@ class PyKeySet(set[int]):
 
     def add_keys(self, keys: array[int], start: int = 0, stop: int | None = None) -> int:
         n = len(self)
-        self.update((keys if start == 0 and stop is None else keys[start:stop]).tolist())
+        self.update(_part(keys, start, stop).tolist())
         return len(self) - n
 
     def remove_keys(self, keys: array[int], start: int = 0, stop: int | None = None) -> int:
         n = len(self)
-        self.difference_update((keys if start == 0 and stop is None else keys[start:stop]).tolist())
+        self.difference_update(_part(keys, start, stop).tolist())
         return n - len(self)
+
+
+def _part(keys: array[int], start: int, stop: int | None) -> array[int]:
+    """``keys[start:stop]``, without the copy when that is all of it."""
+    return keys if start == 0 and (stop is None or stop >= len(keys)) else keys[start:stop]
 
 
 def _keys() -> array[int]:
@@ -253,10 +258,7 @@ class MirrorTable(BlockTable):
             n = len(keys)
             lo, hi = max(start - pos, 0), min(end - pos, n)
             if lo < hi:
-                if lo == 0 and hi == n:
-                    update(keys)
-                else:
-                    update(keys, lo, hi)
+                update(keys, lo, hi)
             pos += n
         if end >= pos:
             self._size = delta.size
