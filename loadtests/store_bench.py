@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 BASELINES = ("llmd_weighted", "sglang_cache_aware")
 RATE_SCALE = 2.0
+REPLAY_SECTION = "Shared KV store: replay of the conversation trace"
 
 
 def _trace(path: str, limit: int | None, rate_scale: float = RATE_SCALE) -> Trace:
@@ -116,7 +118,9 @@ def run_replay(args: argparse.Namespace) -> int:
                    + (f" --limit {args.limit}" if args.limit else "")
                    + (f" --rate-scale {args.rate_scale:g}" if args.rate_scale != RATE_SCALE else "")
                    + (f" --prefill-chunk-tokens {args.prefill_chunk_tokens}" if args.prefill_chunk_tokens is not None else ""))
-        write_section("Shared KV store: replay of the conversation trace", command, body)
+        if args.section != REPLAY_SECTION:
+            command += f" --section {shlex.quote(args.section)}"
+        write_section(args.section, command, body)
     return 0
 
 
@@ -133,6 +137,7 @@ def main() -> int:
     r.add_argument("--prefill-chunk-tokens", type=int, default=None,
                    help="the step budget the router is told (default: the engines' own; 0 = not told)")
     r.add_argument("--write", action="store_true")
+    r.add_argument("--section", default=REPLAY_SECTION, help="the docs/benchmarks.md section --write replaces or appends")
     m = sub.add_parser("migrate", help="failure -> next token, store vs re-prefill")
     m.add_argument("--rounds", type=int, default=5)
     m.add_argument("--prompt-tokens", type=int, nargs="+", default=[8000], help="one table per size")
@@ -141,6 +146,8 @@ def main() -> int:
     m.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm",
                    help="PD protocol of the engines (sglang: the continuation goes through a prefill+decode pair)")
     m.add_argument("--write", action="store_true")
+    m.add_argument("--section", default=None,
+                   help="the docs/benchmarks.md section --write replaces or appends (default: one per prompt size)")
     args = p.parse_args()
     if args.mode == "replay":
         return run_replay(args)

@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -201,6 +202,9 @@ def run_migrate(args: argparse.Namespace) -> int:
                 f"'{v}'" for v in args.variants)
             sglang = args.flavor == "sglang"
             title = f"Session migration{', SGLang PD pools' if sglang else ''}: failure to next token, {prompt_tokens}-token prompts"
+            if args.section:
+                title = f"{args.section} ({prompt_tokens}-token prompts)"
+                variants += f" --section {shlex.quote(args.section)}"
             write_section(title, f"flock /work/scratch/bench.lock python loadtests/store_bench.py migrate --write "
                           f"{'--flavor sglang ' if sglang else ''}--rounds {args.rounds} --prompt-tokens {prompt_tokens} "
                           f"--time-scale {args.time_scale:g}{variants}", body)

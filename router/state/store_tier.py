@@ -12,7 +12,8 @@ stored is priced as a recompute until this one routes it).
 Loads share the store's bandwidth: every request routed to load from it books its load here
 until it is expected done (``book_load``), so the next one is priced behind what is still
 moving (store_cost.load_seconds). A booking expires by itself at its expected end: no release
-to lose, at the price of trusting the estimate (at most ``max_loads`` are kept, oldest out).
+to lose, at the price of trusting the estimate (at most ``max_loads`` are kept, the one ending
+soonest out; router/state/store_loads.py keeps them so a decision reads sums, not a scan).
 
 Loads that start after a load also share its bandwidth while it moves: what is moving now
 is not all it will share. The tier keeps the store's utilization ``rho`` (seconds of
@@ -34,11 +35,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from router.config.kvstore import KVStoreConfig
 from router.state.residency import ResidencyIndex
+from router.state.store_loads import LandingBook, LoadBook
 
 _STORE = "kv_store"
 
@@ -69,11 +71,11 @@ class StoreTier:
         self._index = ResidencyIndex(ttl_s)
         self._bytes_per_s, self._bytes_per_token, self._setup_s = bytes_per_s, bytes_per_token, setup_s
         self._clock = clock
-        self._loads: deque[tuple[float, float, float]] = deque(maxlen=self.max_loads)  # (start, end, seconds alone)
+        self._loads = LoadBook(self.max_loads)
         self._window_s = window_s
         self._started: deque[tuple[float, float]] = deque(maxlen=self.max_loads)  # (start, seconds alone), last window
         self._asked_s = 0.0  # sum of the seconds alone in _started
-        self._landings: deque[tuple[float, str]] = deque(maxlen=self.max_loads)  # (ready at, instance)
+        self._landings = LandingBook(self.max_loads)
 
     def hit(self, keys: Sequence[int]) -> StoreHit | None:
         """What the store holds of ``keys``, or None when nothing (the request prices as without a store)."""
@@ -99,29 +101,12 @@ class StoreTier:
     def _in_flight(self, now: float) -> tuple[int, float]:
         """Loads still moving, and the seconds of bytes they have left (each drains evenly
         over its expected duration); ended ones are dropped."""
-        if not self._loads:
-            return 0, 0.0
-        live = [(a, b, s) for a, b, s in self._loads if b > now]
-        if len(live) != len(self._loads):
-            self._loads.clear()
-            self._loads.extend(live)
-        return len(live), sum(s * (b - now) / (b - a) for a, b, s in live)
+        return self._loads.in_flight(now)
 
-    def landings(self) -> dict[str, tuple[float, ...]]:
+    def landings(self) -> Mapping[str, tuple[float, ...]]:
         """Per instance, in seconds from now, when the loads booked there are expected to be
         ready for their last token (past ones are dropped); empty when none is pending."""
-        pending = self._landings
-        if not pending:
-            return {}
-        now = self._clock()
-        live = [(t, i) for t, i in pending if t > now]
-        if len(live) != len(pending):
-            pending.clear()
-            pending.extend(live)
-        out: dict[str, list[float]] = {}
-        for t, instance in live:
-            out.setdefault(instance, []).append(t - now)
-        return {i: tuple(ts) for i, ts in out.items()}
+        return self._landings.pending(self._clock())
 
     def book_load(self, tokens: float, bytes_per_token: int, instance: str | None = None,
                   ready_s: float | None = None) -> None:
@@ -136,9 +121,9 @@ class StoreTier:
         alone = tokens * bytes_per_token / self._bytes_per_s
         stretch = 1.0 / (1.0 - self.utilization(now))
         end = now + self._setup_s + (alone + min(loads * alone, backlog)) * stretch
-        self._loads.append((now, end, alone))
+        self._loads.add(now, end, alone)
         if instance is not None:
-            self._landings.append((now + ready_s if ready_s is not None else end, instance))
+            self._landings.add(now + ready_s if ready_s is not None else end, instance)
         if len(self._started) == self._started.maxlen:
             self._asked_s -= self._started[0][1]
         self._started.append((now, alone))
