@@ -204,7 +204,9 @@ class AccessLogHook(Hook):
     """One line per attempt: id, route, outcome, duration (never prompt text)."""
 
     async def end(self, attempt: Attempt, outcome: Outcome) -> None:
-        log.info("request %s -> %s %s %.3fs", attempt.request_id, attempt.routed.decision.key, outcome, attempt.duration_s)
+        if log.isEnabledFor(logging.INFO):  # the route key is built only for a line that is written
+            log.info("request %s -> %s %s %.3fs", attempt.request_id, attempt.routed.decision.key, outcome,
+                     attempt.duration_s)
 
     async def abandon(self, attempt: Attempt, why: Abandon) -> None:
         if why.kind == "retry":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from router.core.errors import InvalidRequest
+from router.core.frozen import quick_init
 
 Endpoint = Literal["completions", "chat"]
 
@@ -38,6 +39,7 @@ _CONTROL_SET = frozenset(CONTROL_FIELDS)
 MAX_DEPTH = 100
 
 
+@quick_init
 @dataclass(frozen=True)
 class ParsedRequest:
     """What the router needs from a request body; the body itself is forwarded untouched."""

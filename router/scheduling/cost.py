@@ -31,10 +31,12 @@ import math
 from dataclasses import dataclass
 
 from router.config.model import TTFTWeights
+from router.core.frozen import quick_init
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.store_cost import landing_delay_s, load_seconds, stored_tokens
 
 
+@quick_init
 @dataclass(frozen=True)
 class TTFTTerms:
     queue_s: float

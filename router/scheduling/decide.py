@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from router.core.errors import SLORejected
 from router.core.metrics import Metrics
 from router.core.instances import Candidate
+from router.core.frozen import quick_init
 from router.scheduling.framework import Decision, Policy, RouteRequest, View, route_key
 from router.scheduling.prune import Pruner
 from router.scheduling.store_cost import loaded_tokens
@@ -95,6 +96,7 @@ class RequestChooser:
         return booking_for(self._req, decision, snap)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Routed:
     booking: Booking

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from router.core.instances import Candidate
+from router.core.frozen import quick_init
 from router.state.base import Load, Snapshot
 from router.state.displacement import FULL_ROOM
 from router.state.store_tier import StoreHit
 
 
+@quick_init
 @dataclass(frozen=True)
 class RouteRequest:
     """The routing-relevant facts of one request (no prompt text)."""
@@ -44,6 +46,7 @@ class RouteRequest:
                             self.store, self.landings)
 
 
+@quick_init
 @dataclass(frozen=True)
 class RouteCost:
     """Every term of a priced route (pd_cost.route_cost), for scorers and /debug/route."""
@@ -148,6 +151,7 @@ class LazyMap(Mapping[str, Any]):
         return len(self._get())
 
 
+@quick_init
 @dataclass(frozen=True)
 class Decision:
     instance: str  # answers the client: the colocated or decode instance

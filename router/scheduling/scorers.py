@@ -73,7 +73,7 @@ class TTFTScorer:
     ``estimate`` stays the request's own TTFT (the decision's ``estimate_s``).
 
     ``estimates`` inlines cost.colocated_ttft because it runs for every candidate of
-    every decision (tests/scheduling check that the two agree), and keeps the last call's
+    every decision (tests/scheduling check that the two give the same floats), and keeps the last call's
     figures: the cache-room filter prices the routes first, then this scorer the ones it
     kept (the same view objects of the same request), so each candidate is priced once."""
 
@@ -85,6 +85,14 @@ class TTFTScorer:
         self._last: tuple[RouteRequest, dict[int, float], Sequence[View]] | None = None
 
     def estimate(self, req: RouteRequest, route: View) -> float:
+        """The route's TTFT: the figure ``estimates`` just gave it for this request when it
+        priced it (without a shared store its estimate is the TTFT itself, computed as
+        colocated_ttft does: the same float), else colocated_ttft's."""
+        last = self._last
+        if last is not None and last[0] is req and req.store is None and not req.landings:
+            known = last[1].get(id(route))
+            if known is not None:
+                return known
         return colocated_ttft(req, route.prefilling, self._weights).total_s
 
     def prefill_work(self, req: RouteRequest, route: View) -> int:
@@ -116,36 +124,37 @@ class TTFTScorer:
         attention, interference = w.attention_s_per_token2, w.decode_interference_s
         chunk = w.prefill_chunk_tokens
         prompt, block, output = req.prompt_tokens, req.block_tokens, req.max_tokens
-        full = attention * prompt * prompt / 2
         steps = max(1.0, float(output))  # an output's decode steps
         out = []
+        # Each figure is computed as colocated_ttft computes it, operation for operation (the
+        # same floats, not only close ones), so ``estimate`` can hand the chosen route's back.
         for cand, matched, load, prefill, _, conf, _ in routes:
             if prefill is not None:
                 cand, matched, load, conf = prefill[0], prefill[1], prefill[2], prefill[5]
             rate = cand.prefill_tokens_per_s or default_rate
             held = matched * block
-            cached = (prompt if held > prompt else held) * conf
+            uncached = prompt - (prompt if held > prompt else held) * conf
+            cached = prompt - uncached  # as prefill_seconds recomputes it
             queued = load.prefill_tokens / rate
             if cand.role == "prefill":  # cost.queued_seconds, inlined: the head's progress, prefill-only engines
                 started, head = load.prefill_started_s, load.prefill_head_tokens / rate
                 queued -= head if head < started else started
             if queued > 0.0:
-                if chunk:
+                if chunk > 0:  # cost.shared_step_tokens, inlined
                     ahead = queued * rate
-                    room = -(ahead + prompt - cached) % chunk
-                    queued += (room if room < ahead else ahead) / rate
+                    if ahead > 0:
+                        room = -(ahead + uncached) % chunk
+                        queued = queued + (room if room < ahead else ahead) / rate
             else:
                 queued = 0.0
             est = (queued
-                   + (prompt - cached) / rate
-                   + overhead
-                   + full - attention * cached * cached / 2
+                   + (overhead + uncached / rate + attention * (prompt * prompt - cached * cached) / 2)
                    + interference * load.requests)
             kv = load.kv_tokens
-            if kv:  # cost.admission_wait, inlined: whole requests end
-                deficit = kv + prompt - cached + output - cand.cache_tokens
+            if kv > 0:  # cost.admission_wait, inlined: whole requests end
+                deficit = kv + (uncached + output) - cand.cache_tokens
                 if deficit > 0:
-                    k = load.requests or 1
+                    k = load.requests if load.requests > 0 else 1
                     ending = ceil(deficit * k / kv)
                     est += ((ending if ending < k else k) / (k + 1) * steps
                             * (w.decode_step_s + interference * load.requests))

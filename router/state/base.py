@@ -13,10 +13,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from router.core.frozen import quick_init
+
 if TYPE_CHECKING:
     from router.state.load_index import LoadIndex
 
 
+@quick_init
 @dataclass(frozen=True)
 class Load:
     """Load booked on one instance by routers (never scraped, so never stale)."""
@@ -54,6 +57,7 @@ class Load:
         return out
 
 
+@quick_init
 @dataclass(frozen=True)
 class Snapshot:
     """What a policy sees: leading cached blocks and booked load per candidate instance."""
@@ -69,6 +73,7 @@ class Snapshot:
     room: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
 
+@quick_init
 @dataclass(frozen=True)
 class Leg:
     """One instance's share of a request: a colocated request has one leg, a
@@ -86,6 +91,7 @@ class Leg:
     block_tokens: int = 0
 
 
+@quick_init
 @dataclass(frozen=True)
 class Booking:
     """A decision's footprint: load booked on each leg's instance and the prompt's prefix

@@ -5,6 +5,9 @@ Why: a decision that scores every instance grows with the cluster. Candidate pru
 few least-loaded instances, and needs those without a scan: this index is updated on every
 booking change (a bisect into a sorted list: O(log n) compares, one memmove), and read in
 ascending key order. Idle instances are not in it: their key is 0, the least of all.
+The order is built on its first read and kept from then on: a pool too small to prune (at
+most twice the candidates kept) never reads it, and its decisions pay no bisect per booking
+change.
 
 The key, ``prefill_tokens + requests * request_tokens``, orders non-holders exactly as the
 ttft scorer does for instances of one prefill rate: their estimates differ only by booked
@@ -35,7 +38,7 @@ class Booked(Protocol):
 class LoadIndex:
     def __init__(self, request_tokens: float = 16.0) -> None:
         self._request_tokens = request_tokens
-        self._order: list[tuple[float, str]] = []
+        self._order: list[tuple[float, str]] | None = None  # (key, instance) ascending, once first read
         self._key: dict[str, float] = {}
         self._requests: dict[str, int] = {}
         self.total_requests = 0  # in flight over every instance in the index
@@ -47,8 +50,10 @@ class LoadIndex:
     def update(self, instance: str, load: Booked | None) -> None:
         """``instance`` now carries ``load`` (None or idle: it leaves the index)."""
         old = self._key.pop(instance, None)
+        order = self._order
         if old is not None:
-            del self._order[bisect_left(self._order, (old, instance))]
+            if order is not None:
+                del order[bisect_left(order, (old, instance))]
             self.total_requests -= self._requests.pop(instance)
         if load is None or (load.requests == 0 and load.prefill_tokens == 0 and load.kv_tokens == 0 and load.transfers == 0):
             if old is not None:
@@ -60,11 +65,15 @@ class LoadIndex:
         self._key[instance] = key
         self._requests[instance] = load.requests
         self.total_requests += load.requests
-        insort(self._order, (key, instance))
+        if order is not None:
+            insort(order, (key, instance))
 
     def ascending(self) -> Iterator[str]:
         """Loaded instances, least key first."""
-        return (instance for _, instance in self._order)
+        order = self._order
+        if order is None:  # the first read: from here on every update keeps it sorted
+            order = self._order = sorted([(key, instance) for instance, key in self._key.items()])
+        return (instance for _, instance in order)
 
     @property
     def loaded(self) -> Mapping[str, float]:

@@ -221,11 +221,17 @@ class MemoryStore(StateStore):
              bid: str = "") -> None:
         """Add (``sign`` 1) or take back (-1) a leg's load on ``instance``, never below zero."""
         old = self._loads.get(instance, _IDLE)
-        r = max(0, old.requests + sign * requests)
-        p = max(0, old.prefill_tokens + sign * prefill)
-        k = max(0, old.kv_tokens + sign * kv)
-        t = max(0, old.transfers + sign * transfers)
-        b = max(0, old.transfer_bytes + sign * nbytes)
+        # max(0, x) each, as comparisons: five builtin calls per booking change were a tenth of this method
+        r = old.requests + sign * requests
+        r = r if r > 0 else 0
+        p = old.prefill_tokens + sign * prefill
+        p = p if p > 0 else 0
+        k = old.kv_tokens + sign * kv
+        k = k if k > 0 else 0
+        t = old.transfers + sign * transfers
+        t = t if t > 0 else 0
+        b = old.transfer_bytes + sign * nbytes
+        b = b if b > 0 else 0
         if prefill and bid:
             self._track_head(instance, bid, prefill, sign)
         if not (r or p or k or t or b):  # absent means idle: instances that come and go leave nothing behind

@@ -118,21 +118,44 @@ def test_load_blind_pickers_make_a_policy_not_revisable():
     assert declared(name="ttft").revisable and declared(pipeline={"picker": "first_max"}).revisable
 
 
-def test_ttft_scorer_inlined_estimate_equals_the_cost_model():
-    rng = random.Random(11)
-    weights = TTFTWeights(attention_s_per_token2=3e-9, request_overhead_s=0.01, decode_interference_s=0.004,
-                          decode_step_s=0.02)
-    scorer = TTFTScorer(weights)
-    for _ in range(300):
+def _priced_cases(seed, n):
+    """(weights, request, candidates, snapshot): prefill-only and mixed engines, declared and
+    default rates, queues with a head under way, chunked prefill or not, matches deeper than
+    the prompt, confidences below 1, caches some of which must wait for KV room."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        weights = TTFTWeights(attention_s_per_token2=rng.choice([0.0, 3e-9]), request_overhead_s=0.01,
+                              decode_interference_s=0.004, decode_step_s=0.02,
+                              prefill_chunk_tokens=rng.choice([0, 512, 2048]))
         cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0]),
-                           cache_tokens=rng.choice([500_000, 40_000, 4_000])) for i in range(4)]  # some wait for KV room
+                           cache_tokens=rng.choice([500_000, 40_000, 4_000]), role=rng.choice(["mixed", "prefill"]))
+                 for i in range(4)]
         blocks = rng.randrange(0, 300)
         r = RouteRequest("r", tuple(range(blocks)), blocks * 64 + rng.randrange(-63, 64) if blocks else rng.randrange(50),
                          rng.randrange(1, 512), 64)
-        s = Snapshot({c.id: rng.randrange(0, blocks + 3) for c in cands},  # some match more than the prompt
-                     {c.id: Load(rng.randrange(40), rng.randrange(200_000), rng.randrange(10**6)) for c in cands})
+        loads = {}
+        for c in cands:
+            load = Load(rng.randrange(40), rng.choice([0, rng.randrange(200_000)]), rng.choice([0, rng.randrange(10**6)]))
+            loads[c.id] = load.with_head(rng.random() * 3, rng.randrange(20_000)) if rng.random() < 0.5 else load
+        s = Snapshot({c.id: rng.randrange(0, blocks + 3) for c in cands}, loads,  # some match more than the prompt
+                     {c.id: rng.choice([1.0, rng.random()]) for c in cands})
+        yield weights, r, cands, s
+
+
+def test_ttft_scorer_inlined_estimate_is_the_cost_model_to_the_bit():
+    # exactly equal, not only close: the chosen route's estimate is handed back from estimates()
+    for weights, r, cands, s in _priced_cases(11, 600):
         views = build_views(cands, s)
-        assert scorer.estimates(r, views) == pytest.approx([colocated_ttft(r, v, weights).total_s for v in views], rel=1e-12)
+        assert TTFTScorer(weights).estimates(r, views) == [colocated_ttft(r, v, weights).total_s for v in views]
+
+
+def test_the_decision_estimate_is_the_cost_model_of_the_chosen_route():
+    for weights, r, cands, s in _priced_cases(12, 300):
+        pol = build_policy(PolicyConfig(ttft=weights), None, random.Random(0))
+        d = pol.choose(r, cands, s)
+        chosen = next(v for v in build_views(cands, s) if v.id == d.instance)
+        assert d.estimate_s == colocated_ttft(r, chosen, weights).total_s
+        assert d.estimate_s == d.terms[d.instance]["ttft_s"]
 
 
 # -- errors: the field, the problem, the known names -------------------------------------------

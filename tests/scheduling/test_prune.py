@@ -92,6 +92,26 @@ def test_load_index_orders_and_totals():
     assert list(index.ascending()) == ["b", "c"] and index.total_requests == 2
 
 
+def test_the_load_order_built_on_first_read_is_the_one_kept_from_the_start():
+    """An index read only late (its order built then, from the keys) and one read from the
+    start (kept sorted on every update) list the same instances in the same order, and keep
+    agreeing on the updates after the late one's first read."""
+    rng = random.Random(5)
+    eager, late = LoadIndex(request_tokens=16), LoadIndex(request_tokens=16)
+    list(eager.ascending())
+    names = [f"i{i}" for i in range(40)]
+    for step in range(3000):
+        name = rng.choice(names)
+        load = None if rng.random() < 0.2 else Load(rng.randrange(4), rng.choice([0, rng.randrange(3000)]),
+                                                     rng.randrange(2), rng.randrange(2))
+        eager.update(name, load)
+        late.update(name, load)
+        if step >= 1500 and step % 100 == 0:
+            assert list(late.ascending()) == list(eager.ascending())
+        assert late.total_requests == eager.total_requests and late.membership == eager.membership
+    assert list(late.ascending()) == list(eager.ascending()) and dict(late.loaded) == dict(eager.loaded)
+
+
 def test_the_pool_check_follows_instances_entering_and_leaving_the_load_index():
     """The pruner keeps "every loaded instance is in the pool" while no instance entered or
     left the index: one outside the pool must still be taken out of the pool's total."""
