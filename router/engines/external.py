@@ -76,7 +76,14 @@ class ExternalLoadPolicy:
         self.inner = inner
         self.name = inner.name
         self.revisable = inner.revisable
+        # the wrapped route generator, so decide() prunes the candidates as it would the inner
+        # policy's (telling the pruner which instances carry external load: prune.py)
+        self.routes = getattr(inner, "routes", None)
         self._external = external
+
+    def external_loads(self) -> Mapping[str, Load]:
+        """The instances with external load now, and how much (empty in the common case)."""
+        return self._external()
 
     def describe(self) -> Any:
         """The wrapped policy's description (/debug/route), if it has one."""

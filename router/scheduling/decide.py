@@ -140,7 +140,8 @@ async def decide(
             req = replace(req, store=hit, landings=landings or None)
     pool: Sequence[Candidate] = ()
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
-        pruned = pruner.prune(store, req, candidates)
+        elsewhere = getattr(policy, "external_loads", None)  # engines.external.ExternalLoadPolicy
+        pruned = pruner.prune(store, req, candidates, elsewhere() if elsewhere is not None else None)
         if pruned is not None:
             pool, candidates, req = candidates, pruned.candidates, pruned.request
     chooser = RequestChooser(policy, req, candidates, slo_s, pool)

@@ -15,17 +15,24 @@ a holder or the least-key non-holder, and both are kept. The bounded-load filter
 the whole pool's mean load (``RouteRequest.population``). Exact for instances of one prefill
 rate; with mixed rates the k least-loaded are a heuristic, hence k of a few dozen.
 Only colocated pipelines (route generator ``instances``) are pruned; (P, D) pairing is not.
+
+Load the engines report beyond the router's bookings (router/engines/external.py) is not in
+the index. Those instances are kept, but not counted among the ``k``: the least booked
+instances without external load are then still ``k``, and an instance left out has booked
+load (hence true load, booked + external) at least theirs, so the least-loaded non-holder
+by the load the scorers see is always scored. When every instance reports external load
+this scores them all, as without pruning.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from router.core.instances import Candidate
 from router.scheduling.framework import RouteRequest
-from router.state.base import StateStore
+from router.state.base import Load, StateStore
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,11 @@ class Pruner:
             self._by_id = dict(zip(self._ids, pool))
         return self._ids, self._by_id
 
-    def prune(self, store: StateStore, req: RouteRequest, candidates: Sequence[Candidate]) -> Pruned | None:
-        """The candidates worth scoring, or None to score them all (small pool, no index)."""
+    def prune(self, store: StateStore, req: RouteRequest, candidates: Sequence[Candidate],
+              elsewhere: Mapping[str, Load] | None = None) -> Pruned | None:
+        """The candidates worth scoring, or None to score them all (small pool, no index).
+        ``elsewhere``: external load per instance (the engines' own reports), kept but not
+        counted among the least loaded."""
         k = self.k
         if k <= 0 or len(candidates) <= 2 * k:
             return None
@@ -81,17 +91,27 @@ class Pruner:
         self._inside = seen if inside else None
         unloaded = by_id.keys() - loaded.keys() - chosen.keys() if not inside or len(by_id) > len(loaded) else ()
         idle = [i for i in ids if i in unloaded] if unloaded else []
+        busy_idle: list[str] = []  # idle by booking, loaded by the engine's own report
+        if elsewhere:
+            busy_idle = [i for i in idle if i in elsewhere]
+            if busy_idle:
+                idle = [i for i in idle if i not in elsewhere]
         take = self._rng.sample(idle, k) if len(idle) > k else idle
         chosen.update(dict.fromkeys(take))
         if len(take) < k:
+            chosen.update(dict.fromkeys(busy_idle))
             need = k - len(take)
             for inst in index.ascending():
                 if inst in by_id and inst not in chosen:
                     chosen[inst] = None
+                    if elsewhere and inst in elsewhere:
+                        continue
                     need -= 1
                     if not need:
                         break
         total = index.total_requests
         if not inside:
             total -= sum(index.requests(i) for i in loaded.keys() - by_id.keys())
+        if elsewhere:  # the bounded-load filter's mean, as the scorers' snapshot counts it
+            total += sum(load.requests for i, load in elsewhere.items() if i in by_id)
         return Pruned([by_id[i] for i in chosen], req.with_population((total, len(candidates))))

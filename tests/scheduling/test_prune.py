@@ -134,3 +134,53 @@ def test_the_pool_check_follows_instances_entering_and_leaving_the_load_index():
     assert pruner.prune(store, req, cands[1:]).request.population == (14, 11)  # another pool
     index.update("outside", Load(2, 0, 0, 0))
     assert pruner.prune(store, req, cands[1:]).request.population == (14, 11)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_live_policy_wrapped_for_external_load_is_pruned_and_still_finds_the_least_loaded(monkeypatch, seed):
+    """The live router wraps every policy in ExternalLoadPolicy. Its decisions are pruned too
+    (they once scored every instance: the wrapper hid the route generator), and load that
+    only the engines report — here heavy, on instances the index lists as least booked —
+    does not push the least-loaded instance out of the scored set."""
+    from router.engines.external import ExternalLoadPolicy
+
+    spec = ClusterSpec(mixed=24)
+    rng = random.Random(seed)
+    extra: dict[str, Load] = {}
+    sim = Simulation(generate("dispersed:requests=240,rate=12,input=2048,output=64", seed=seed), spec,
+                     ExternalLoadPolicy(policy_for("ttft", spec, 0), lambda: extra))
+    pruner = Pruner(4, random.Random(1))
+    stats = {"decisions": 0, "scored": 0}
+
+    async def both(store, policy, req, candidates, *args, **kwargs):
+        extra.clear()
+        index = store.load_index()
+        least = [c.id for c in candidates if c.id not in index.loaded] + list(index.ascending())
+        for inst in least[:6] + rng.sample([c.id for c in candidates], 2):
+            extra[inst] = Load(requests=rng.randrange(2, 9), prefill_tokens=rng.randrange(4000, 40000))
+        reference = policy.choose(req, candidates, store.snapshot_now(req.keys, [c.id for c in candidates]))
+        routed = await real_decide(store, policy, req, candidates, pruner=pruner)
+        assert routed.decision.instance in reference.acceptable, (req.id, routed.decision.instance, reference.acceptable)
+        stats["decisions"] += 1
+        stats["scored"] += len(routed.decision.scores) + len(routed.decision.filtered)
+        return routed
+
+    monkeypatch.setattr(sim_module, "decide", both)
+    sim.run()
+    assert stats["decisions"] == len(sim.trace.requests)
+    assert stats["scored"] / stats["decisions"] < 16  # pruned: 4 least loaded + those with external load + holders, of 24
+
+
+def test_external_load_is_kept_but_not_counted_among_the_least_loaded():
+    store = MemoryStore({}, 600.0, default_cap=100)
+    cands = [Candidate(f"i{n}", cache_tokens=10_000, prefill_tokens_per_s=8000) for n in range(12)]
+    index = store.load_index()
+    for n in range(12):
+        index.update(f"i{n}", Load(1, 100 * n, 0, 0))
+    req = RouteRequest("r", (), 16, 8, 16)
+    plain = Pruner(2, random.Random(0)).prune(store, req, cands)
+    assert [c.id for c in plain.candidates] == ["i0", "i1"]
+    elsewhere = {"i0": Load(requests=5), "i2": Load(requests=1)}
+    pruned = Pruner(2, random.Random(0)).prune(store, req, cands, elsewhere)
+    assert [c.id for c in pruned.candidates] == ["i0", "i1", "i2", "i3"]  # two without external load, and those with
+    assert pruned.request.population == (12 + 6, 12)  # the mean the scorers' snapshot (booked + external) gives
