@@ -12,7 +12,8 @@ and the bound's p90 over cache_aware's: where that is above the 0.8x target even
 ``out of reach``.
 
 ``--json FILE`` keeps every cell's figures; ``--against FILE`` (a run of other code, e.g.
-main, with the same seeds and cells) prints and writes both side by side.
+main, with the same seeds and cells) prints and writes both side by side; ``--results FILE``
+reports a ``--json`` run without replaying it again.
 
     python loadtests/quality_seeds.py --seeds 1 2 3 4 5 --jobs 2 --json out/branch.json
     python loadtests/quality_seeds.py --seeds 1 --cells chat --requests 200
@@ -26,6 +27,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -195,6 +197,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2, help="cells replayed at once (processes)")
     p.add_argument("--json", type=Path, default=None, help="write every cell's figures here")
     p.add_argument("--against", type=Path, default=None, help="a --json of other code (e.g. main) to compare with")
+    p.add_argument("--results", type=Path, default=None,
+                   help="report a --json run instead of replaying (its seeds and cells; --seeds/--cells ignored)")
     p.add_argument("--note", default="", help="prose to put before the tables with --write")
     p.add_argument("--write", action="store_true", help="append (or replace) --section in docs/benchmarks.md")
     p.add_argument("--section", default="Routing quality matrix, replay: several seeds")
@@ -204,13 +208,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cells = [c.name for c in select(args.cells)]
+    if args.results:
+        loaded = load(args.results)
+        cells = list(dict.fromkeys(r.cell for r in loaded))
+        args.seeds = list(dict.fromkeys(r.seed for r in loaded))
     if not cells:
         print("error: no cell matches --cells", file=sys.stderr)
         return 2
     base = load(args.against) if args.against else None
     busy = busy_processes()
     started = time.perf_counter()
-    results = run_all(args.seeds, cells, args.requests, args.jobs)
+    results = loaded if args.results else run_all(args.seeds, cells, args.requests, args.jobs)
     elapsed = time.perf_counter() - started
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -219,13 +227,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     print(f"\ndone in {elapsed:.0f} s", file=sys.stderr)
     if args.write:
+        run = (f"reported from {args.results.name} (a --json run)" if args.results
+               else f"{args.jobs} at a time; {elapsed / 60:.0f} min")
         note = (f"{len(cells)} cells x seeds {' '.join(map(str, args.seeds))}, {args.requests} requests per cell, replay "
-                f"only (virtual time), {args.jobs} at a time; {elapsed / 60:.0f} min. Per cell: cache_aware "
+                f"only (virtual time), {run}. Per cell: cache_aware "
                 "(`sglang_cache_aware`) and `ttft` as quality_matrix.py replays and judges them (target: p90 <= "
                 f"{P90_TARGET}x cache_aware's, hit >= its - {100 * HIT_MARGIN:.0f} pts), copies = cache_room's replicate "
                 "decisions, and the bound's p90 over cache_aware's: above 0.8x (`out of reach`) no policy could meet "
-                "the p90 target. " + contention_note(busy))
-        command = "python loadtests/quality_seeds.py " + " ".join(argv if argv is not None else sys.argv[1:])
+                "the p90 target. " + ("" if args.results else contention_note(busy)))
+        given = list(argv if argv is not None else sys.argv[1:])
+        if "--note" in given:  # prose, not part of what reproduces the figures
+            del given[given.index("--note"):given.index("--note") + 2]
+        command = "python loadtests/quality_seeds.py " + shlex.join(given)
         write_section(args.section, command, (args.note + "\n\n" if args.note else "") + note + "\n\n" + text)
     return 0
 
