@@ -15,6 +15,9 @@ and written, including those that lose.
     python loadtests/quality_matrix.py                     # replay every cell, live the default subset
     python loadtests/quality_matrix.py --quick --write     # fewer requests, shorter live runs
     python loadtests/quality_matrix.py --cells chat b2b_zipf/2x --no-live
+    python loadtests/quality_matrix.py --no-live --seed 2 --write --section 'Routing quality matrix, replay: seed 2'
+
+Several seeds, two cells at a time, with the bound's reach per cell: loadtests/quality_seeds.py.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--routers", nargs="+", default=["pd-router", "sglang-router", "vllm-router"])
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--write", action="store_true", help="write the results into docs/benchmarks.md")
+    p.add_argument("--section", default=SECTION, help=f"the docs/benchmarks.md section --write replaces or appends (default {SECTION!r})")
     return p.parse_args(argv)
 
 
@@ -145,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sglang-router and vllm-router; `gap closed` is (best baseline - policy) / (best baseline - bound) on p90. "
                 f"Target per cell: ttft p90 <= {P90_TARGET}x best peer and engine hit >= best peer - 2 points. "
                 f"Whole run {elapsed / 60:.0f} min.\n\n" + contention_note(busy))
-        write_section(SECTION, "python loadtests/quality_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        write_section(args.section, "python loadtests/quality_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                       note + "\n\n### Verdicts\n\n" + verdict_table + "\n\n### Replay\n\n" + replay_table
                       + "\n\n### Live\n\n" + live_table)
     return 0

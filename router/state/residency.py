@@ -14,7 +14,10 @@ the router still lists it. Each touch gets a stamp from the instance's counter; 
 entry's position is estimated from its stamp between the oldest and newest resident
 stamps, and its confidence is 1 while it sits in the newest ``1 - margin`` of the
 capacity, falling linearly to 0 at the capacity. Traffic pushing through an instance
-lowers the confidence of everything older, not only the TTL.
+lowers the confidence of everything older, not only the TTL. A match's confidence is its
+leading blocks at confidence 1 counted whole and the rest at its deepest block's (the
+expected share of the run still held: a run near the old end loses its tail first, as the
+engine evicts it), not the whole run at its deepest block's.
 
 Why it is laid out this way (recording a 512-block prompt is on every decision's path):
 - Expiry is kept per stamp range, not per entry: each instance has a short queue of
@@ -209,8 +212,40 @@ class ResidencyIndex:
         return max(0.0, min(1.0, free / self._margin))
 
     def confidences(self, keys: Sequence[int], matched: dict[str, int]) -> dict[str, float]:
-        """Per instance, the confidence of the deepest block it matches (evicted first)."""
-        return {inst: self.confidence(inst, keys[depth - 1]) for inst, depth in matched.items() if depth}
+        """Per instance, the expected share of its matched run the engine still holds
+        (``matched x confidence`` is then the expected run). An engine evicts a run tail
+        first, so a run whose deepest block nears the old end loses its tail, not its head:
+        its leading blocks still at confidence 1 count whole (a history behind a system
+        prompt every request touches keeps that prompt), the rest at the deepest block's
+        confidence. Priced at the deepest block's confidence alone, a session's home
+        looked emptier than instances holding only the system prompt, and the session was
+        sent away to compute its whole history again."""
+        out: dict[str, float] = {}
+        confidence = self.confidence
+        for inst, depth in matched.items():
+            if not depth:
+                continue
+            deep = confidence(inst, keys[depth - 1])
+            out[inst] = deep if deep >= 1.0 or depth == 1 else self._expected_run(inst, keys, depth, deep) / depth
+        return out
+
+    def _expected_run(self, instance: str, keys: Sequence[int], depth: int, deep: float) -> float:
+        """The expected held length of ``instance``'s ``depth``-block run of ``keys`` whose
+        deepest block has confidence ``deep`` < 1: the leading blocks still at confidence 1
+        (by binary search: a run is touched tail first, so confidence falls with depth),
+        plus the rest at ``deep``. Not at the mean of the rest's two ends: engines also
+        cache output tokens the router never sees, so their LRU turns over faster than its
+        model says: in the quality matrix's seed 3 longdoc/2x/facts the mean over-predicted
+        80,640 cached tokens where this does 2,656, and p90 went 0.07x -> 1.84x cache_aware's)."""
+        confidence = self.confidence
+        lo, hi = 0, depth - 1  # keys[:lo] at confidence 1; the largest such lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if confidence(instance, keys[mid - 1]) >= 1.0:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo + (depth - lo) * deep
 
     def fill(self, instance: str) -> float:
         """Share of the instance's capacity the router believes occupied."""

@@ -135,3 +135,25 @@ def test_ties_without_blocks_fall_back_to_random():
     short = RouteRequest("r", (), 10, 16, 64)
     picks = Counter(p.choose(short, CANDS, snap()).instance for _ in range(200))
     assert len(picks) == 4
+
+
+def test_a_session_goes_home_when_only_its_history_nears_the_old_end():
+    # a holds the session (system prompt + 12 blocks of its history, the history at the old
+    # end of a's LRU); b, c and d hold the system prompt alone, fresh. Priced at the deepest
+    # block's confidence, a's whole run looked gone: shorter than the system prompt the
+    # others hold, so cache_room dropped a as a would-be copy, and the history was computed
+    # again elsewhere. Counting the fresh head whole, a is the prefix's holder and wins.
+    from router.state.residency import ResidencyIndex
+
+    from state.test_confidence import _session_near_the_old_end  # type: ignore[import-not-found]
+
+    idx = ResidencyIndex(ttl_s=600, margin=0.25)
+    keys = _session_near_the_old_end(idx)
+    for other in "bcd":
+        idx.record(other, keys[:8], cap=40, now=0)
+    request = RouteRequest("r", tuple(keys + [900, 901]), 22 * 64, 16, 64)
+    matched = idx.matched(request.keys, [c.id for c in CANDS], now=0)
+    assert matched == {"a": 20, "b": 8, "c": 8, "d": 8}
+    s = Snapshot(matched, {c.id: Load() for c in CANDS}, idx.confidences(request.keys, matched))
+    d = ttft().choose(request, CANDS, s)
+    assert d.instance == "a" and "a" not in d.filtered

@@ -123,3 +123,39 @@ async def test_both_stores_give_decisions_the_lru_confidence(make_store):
     # and the cache room of the displacement model (router/state/displacement.py): one of a's
     # 40 blocks is free, nothing in the pool has settled (the prior: one re-prefill); b has seen nothing
     assert rooms[0]["a"] == snap.room["a"] == (1, 1.0) and "b" not in rooms[0]
+
+
+def _session_near_the_old_end(idx: ResidencyIndex) -> list[int]:
+    """a (cap 40) holds a session: an 8-block system prompt every request touches, then a
+    16-block history that three other sessions' requests (each with the system prompt)
+    pushed to the old end of a's LRU and partly out of it. Returns the session's keys."""
+    system, history = list(range(1, 9)), list(range(100, 116))
+    idx.record("a", system + history, cap=40, now=0)
+    for other in (200, 300, 400):
+        idx.record("a", system + list(range(other, other + 8 if other < 400 else other + 4)), cap=40, now=0)
+    return system + history
+
+
+def test_a_run_near_the_old_end_keeps_its_fresh_head():
+    # The engine evicts a run tail first: the system prompt every request touches is still
+    # held whatever happens to the history behind it, so the expected held run is at least
+    # the system prompt, not the whole run at the deepest block's confidence.
+    idx = ResidencyIndex(ttl_s=600, margin=0.25)
+    keys = _session_near_the_old_end(idx)
+    depth = idx.matched(keys, ["a"], now=0)["a"]
+    assert depth == 20  # 4 of the history's 16 blocks evicted
+    deepest = idx.confidence("a", keys[depth - 1])
+    assert deepest < 0.1  # the deepest held block is about to go
+    assert all(idx.confidence("a", k) == 1.0 for k in keys[:8])
+    expected = idx.confidences(keys, {"a": depth})["a"] * depth
+    assert 8.0 <= expected < depth  # the head counts whole, the old tail is discounted
+    assert expected > deepest * depth + 7.0
+
+
+def test_a_run_that_is_fresh_or_one_block_long_keeps_its_own_confidence():
+    idx = ResidencyIndex(ttl_s=600, margin=0.25)
+    idx.record("a", [1, 2, 3], cap=40, now=0)
+    assert idx.confidences([1, 2, 3, 4], {"a": 3, "b": 0}) == {"a": 1.0}
+    idx.record("a", list(range(100, 139)), cap=40, now=0)  # pushes 1..3 to the old end: 2 and 3 evicted
+    assert idx.matched([1, 2, 3], ["a"], now=0) == {"a": 1}
+    assert idx.confidences([1, 2, 3], {"a": 1}) == {"a": idx.confidence("a", 1)}
