@@ -11,6 +11,7 @@ who else runs, so two versions of the code can be compared run against run:
     python loadtests/kv_ingest_cost.py --source /other/tree # another checkout, same flood
     python loadtests/kv_ingest_cost.py --no-sockets         # decode and apply in one process
     python loadtests/kv_ingest_cost.py --python-sets        # the loop on Python sets, not the C extension's
+    python loadtests/kv_ingest_cost.py --python-tables      # the sidecar on Python tables, not the C extension's
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, float]:
+async def measure(rate: int, seconds: float, native: bool = True, native_tables: bool = True) -> dict[str, float]:
     import httpx
 
     from loadtests.kv_events_bench import _cpu_s, _flood
@@ -44,6 +45,7 @@ async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, f
         "hashing": {"mode": "tokens"},
         "kv_events": {"enabled": True, "discover": False, "sidecar": True, "sidecar_nice": 0,
                       **({} if native else {"native_key_sets": False}),  # a tree before the field has no such key
+                      **({} if native_tables else {"native_tables": False}),
                       "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}})  # the engine binds
     _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"z0": 8}))
     assert isinstance(ingest, SidecarIngest)
@@ -123,16 +125,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode and apply in one process instead (sidecar path and in-process path)")
     p.add_argument("--python-sets", action="store_true",
                    help="the loop's mirror tables on Python sets (kv_events.native_key_sets: false)")
+    p.add_argument("--python-tables", action="store_true",
+                   help="the sidecar's engine-block tables in Python (kv_events.native_tables: false)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:  # one run, in an interpreter whose path starts with the measured tree
         print(json.dumps(no_sockets() if args.no_sockets
-                         else asyncio.run(measure(args.rate, args.seconds, not args.python_sets))))
+                         else asyncio.run(measure(args.rate, args.seconds, not args.python_sets,
+                                                  not args.python_tables))))
         return 0
     source = str(args.source.resolve())
     env = {**os.environ, "PYTHONPATH": source}  # the sidecar the child starts inherits it
     argv_child = [sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds", str(args.seconds),
-                  *(["--no-sockets"] if args.no_sockets else []), *(["--python-sets"] if args.python_sets else [])]
+                  *(["--no-sockets"] if args.no_sockets else []), *(["--python-sets"] if args.python_sets else []),
+                  *(["--python-tables"] if args.python_tables else [])]
     runs = [json.loads(subprocess.run(argv_child, env=env, cwd=source, check=True, capture_output=True,
                                       text=True).stdout.splitlines()[-1]) for _ in range(args.runs)]
     if args.no_sockets:
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(format(r['sidecar_path_us'], '.2f') for r in runs)} µs of CPU per event; in-process "
               f"{', '.join(format(r['in_process_us'], '.2f') for r in runs)}")
         return 0
-    sets = " (Python sets)" if args.python_sets else ""
+    sets = (" (Python sets)" if args.python_sets else "") + (" (Python tables)" if args.python_tables else "")
     print(f"{source}{sets}: {args.rate:,} events/s offered, {args.runs} runs of {args.seconds:g} s, load average "
           f"{os.getloadavg()[0]:.1f}: applied {', '.join(format(r['events_per_s'], ',.0f') for r in runs)} events/s; "
           f"sidecar {', '.join(format(r['sidecar_us'], '.2f') for r in runs)} µs of CPU per event "
