@@ -12,12 +12,13 @@ import time
 from typing import Any
 
 PER_MESSAGE, BLOCKS_PER_EVENT, POOL, LAG = 32, 4, 4096, 512
+MAX_MEASURED = 1024  # messages sidecar_cost measures after its warm-up, for callgrind
 
 
-def flood_payloads() -> list[bytes]:
+def flood_payloads(count: int = POOL) -> list[bytes]:
     """``POOL`` distinct messages: half BlockStored of 4 fresh blocks, half BlockRemoved of
     blocks stored ``LAG`` messages before, so cycling through them keeps the table's size
-    steady and every store is a new block."""
+    steady and every store is a new block (the first ``count`` of them)."""
     import random
 
     import msgpack
@@ -33,7 +34,7 @@ def flood_payloads() -> list[bytes]:
                     "token_ids": [rng.randrange(50_000) for _ in range(16 * BLOCKS_PER_EVENT)], "medium": "GPU"}
         return {"type": "BlockRemoved", "block_hashes": hashes((i - LAG) % POOL, j - 1), "medium": "GPU"}
 
-    return [msgpack.packb([0.0, [event(i, j) for j in range(PER_MESSAGE)], 0]) for i in range(POOL)]
+    return [msgpack.packb([0.0, [event(i, j) for j in range(PER_MESSAGE)], 0]) for i in range(count)]
 
 
 def flood_main(port: int, rate: float, seconds: float) -> None:
@@ -76,6 +77,48 @@ def in_process_cost() -> float:
         for payload in payloads:
             writer.apply_raw(decode_batch(payload)[1])
     return (time.process_time() - t0) / (3 * len(payloads) * PER_MESSAGE) * 1e6
+
+
+def sidecar_cost(native_tables: bool = True, repeats: int = 3, messages: int | None = None) -> float:
+    """CPU microseconds per event of everything the sidecar does with the flood's messages
+    but sockets and sequence checks: decode, router keys, the tracked table (in C if
+    ``native_tables`` and built, else ``TrackedTable``), a delta taken and encoded every 31
+    messages (10 ms at 100k events/s); best of ``repeats`` passes over all of them after a
+    pass that warms the table, or (for callgrind) one pass over ``messages`` of them after
+    ``2 * LAG`` (at most ``MAX_MEASURED``). 1e6 / this is the sidecar's ceiling on a core of its own."""
+    if messages is not None and not 0 <= messages <= MAX_MEASURED:
+        raise ValueError(f"messages must be in [0, {MAX_MEASURED}]")
+    from router.kvevents.apply import TableWriter
+    from router.kvevents.sidecar_wire import encode_delta
+    from router.kvevents.wire import decode_batch
+
+    from router.state.precise_mirror import TrackedTable
+
+    try:
+        from router.state.precise_native import tracked_table
+        factory: Any = tracked_table(native_tables)
+    except ImportError:  # a tree before the C tables (loadtests/kv_sidecar_instructions.py --baseline)
+        factory = TrackedTable
+    # with ``messages``, as many generated whatever it is (callgrind subtracts a run applying none)
+    pool = flood_payloads() if messages is None else flood_payloads(2 * LAG + MAX_MEASURED)
+    # warm: the table reaches its steady size (after LAG messages removals find their blocks)
+    warm, payloads = (pool, pool) if messages is None else (pool[:2 * LAG], pool[2 * LAG:2 * LAG + messages])
+    table = factory(1_000_000)
+    writer = TableWriter(table, "m", 16)
+    take = table.take_delta
+    for payload in warm:
+        writer.apply_raw(decode_batch(payload)[1])
+    take()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for i, payload in enumerate(payloads):
+            writer.apply_raw(decode_batch(payload)[1])
+            table.fresh = True
+            if i % 31 == 30:
+                encode_delta("z0", 0, take(), 1)
+        best = min(best, time.process_time() - t0)
+    return best / (len(payloads) * PER_MESSAGE) * 1e6 if payloads else 0.0
 
 
 def loop_apply_cost(per_delta: int = 31, native: bool = True) -> float:
@@ -130,9 +173,11 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
             "publisher process sends it KV events over loopback ZMQ: 32 events per message, half BlockStored of 4 "
             "blocks (64 token ids), half BlockRemoved of 4 (blocks stored 512 messages before). `in-process`: "
             "decoding and tables on the router's event loop (`kv_events.sidecar: false`, the default); `sidecar`: "
-            "in the router's child process, the loop applying only changed key sets, in slices of "
-            "2,048 key changes per callback, to the C extension's uint64 sets (`router/state/_keyset.c`); "
-            "`sidecar-python-sets`: the same with Python sets (`kv_events.native_key_sets: false`). The layouts "
+            "in the router's child process, on its engine-block tables in C (`router/state/_tracked.c`: blocks, key "
+            "refcounts and netted key changes, one call per event), the loop applying only changed key sets, in "
+            "slices of 2,048 key changes per callback, to the C extension's uint64 sets (`router/state/_keyset.c`); "
+            "`sidecar-python-sets`: the same with Python sets on the loop (`kv_events.native_key_sets: false`); "
+            "`sidecar-python-tables`: Python tables in the sidecar (`kv_events.native_tables: false`). The layouts "
             "(`taskset`, every thread of a process) are listed below the table; other tenants of the machine still run on both cores. Each round runs, per router: none, 50k/s, "
             "none (A/A), 100k/s; "
             f"{rounds} rounds of {duration:g} s cells. p50 lists every round, other columns are medians over rounds; "
@@ -155,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     from loadtests.machine import busy_processes, contention_note
     from loadtests.report import write_section
     from router.state.precise_mirror import key_sets
+    from router.state.precise_native import table_kind
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"], choices=["in-process", "sidecar", "sidecar-python-sets"])
+    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"], choices=["in-process", "sidecar", "sidecar-python-sets", "sidecar-python-tables"])
     p.add_argument("--layouts", nargs="+", default=["flood-apart", "unpinned"],
                    choices=["flood-apart", "router-alone", "unpinned"], help="which cores run what (kv_flood_rounds)")
     p.add_argument("--events-per-s", type=int, nargs="+", default=[50_000, 100_000])
@@ -187,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             f"What the sidecar leaves on the loop, framing, decoding and applying the deltas of the same messages "
             f"(31 per delta, 10 ms at 100k/s) without sockets: {loop_apply_cost():.2f} µs of CPU per event "
             f"({key_sets()} key sets), {loop_apply_cost(native=False):.2f} with Python sets, best of 3 "
-            "(`loadtests.kv_flood.loop_apply_cost`).")
+            "(`loadtests.kv_flood.loop_apply_cost`). Everything the sidecar does with them but sockets and "
+            f"sequence checks (decode, keys, its tables, a delta encoded every 31 messages): {sidecar_cost():.2f} µs "
+            f"of CPU per event ({table_kind()} tables), {sidecar_cost(native_tables=False):.2f} on Python tables, "
+            "best of 3 (`loadtests.kv_flood.sidecar_cost`).")
     out += f"\n\nLoad average at the end: {os.getloadavg()[0]:.1f}."
     print(out)
     if args.write:

@@ -11,6 +11,7 @@ who else runs, so two versions of the code can be compared run against run:
     python loadtests/kv_ingest_cost.py --source /other/tree # another checkout, same flood
     python loadtests/kv_ingest_cost.py --no-sockets         # decode and apply in one process
     python loadtests/kv_ingest_cost.py --python-sets        # the loop on Python sets, not the C extension's
+    python loadtests/kv_ingest_cost.py --python-tables      # the sidecar on Python tables, not the C extension's
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, float]:
+async def measure(rate: int, seconds: float, native: bool = True, native_tables: bool = True) -> dict[str, float]:
     import httpx
 
     from loadtests.kv_events_bench import _cpu_s, _flood
@@ -44,6 +46,7 @@ async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, f
         "hashing": {"mode": "tokens"},
         "kv_events": {"enabled": True, "discover": False, "sidecar": True, "sidecar_nice": 0,
                       **({} if native else {"native_key_sets": False}),  # a tree before the field has no such key
+                      **({} if native_tables else {"native_tables": False}),
                       "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}})  # the engine binds
     _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"z0": 8}))
     assert isinstance(ingest, SidecarIngest)
@@ -81,7 +84,7 @@ async def measure(rate: int, seconds: float, native: bool = True) -> dict[str, f
 
 def no_sockets(repeats: int = 5) -> dict[str, float]:
     """CPU µs per event of the flood's messages in this process, best of ``repeats``: the
-    sidecar's path (decode, keys, ``TrackedTable``, a delta every 31 messages: 10 ms at
+    sidecar's path (decode, keys, its tables: C where built, a delta every 31 messages: 10 ms at
     100k/s) and the in-process one (``BlockTable``, no deltas)."""
     from loadtests.kv_flood import PER_MESSAGE, flood_payloads
     from router.kvevents.apply import TableWriter
@@ -92,7 +95,12 @@ def no_sockets(repeats: int = 5) -> dict[str, float]:
 
     payloads = flood_payloads()
     out: dict[str, float] = {}
-    for name, factory in (("sidecar_path_us", precise_mirror.TrackedTable), ("in_process_us", BlockTable)):
+    try:  # the sidecar's own tables: in C where built (a tree before them: TrackedTable)
+        from router.state.precise_native import tracked_table
+        sidecar_table: Any = tracked_table()
+    except ImportError:
+        sidecar_table = precise_mirror.TrackedTable
+    for name, factory in (("sidecar_path_us", sidecar_table), ("in_process_us", BlockTable)):
         table = factory(1_000_000)
         writer = TableWriter(table, "m", 16)
         take = getattr(table, "take_delta", None)
@@ -123,16 +131,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="decode and apply in one process instead (sidecar path and in-process path)")
     p.add_argument("--python-sets", action="store_true",
                    help="the loop's mirror tables on Python sets (kv_events.native_key_sets: false)")
+    p.add_argument("--python-tables", action="store_true",
+                   help="the sidecar's engine-block tables in Python (kv_events.native_tables: false)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:  # one run, in an interpreter whose path starts with the measured tree
         print(json.dumps(no_sockets() if args.no_sockets
-                         else asyncio.run(measure(args.rate, args.seconds, not args.python_sets))))
+                         else asyncio.run(measure(args.rate, args.seconds, not args.python_sets,
+                                                  not args.python_tables))))
         return 0
     source = str(args.source.resolve())
     env = {**os.environ, "PYTHONPATH": source}  # the sidecar the child starts inherits it
     argv_child = [sys.executable, __file__, "--child", "--rate", str(args.rate), "--seconds", str(args.seconds),
-                  *(["--no-sockets"] if args.no_sockets else []), *(["--python-sets"] if args.python_sets else [])]
+                  *(["--no-sockets"] if args.no_sockets else []), *(["--python-sets"] if args.python_sets else []),
+                  *(["--python-tables"] if args.python_tables else [])]
     runs = [json.loads(subprocess.run(argv_child, env=env, cwd=source, check=True, capture_output=True,
                                       text=True).stdout.splitlines()[-1]) for _ in range(args.runs)]
     if args.no_sockets:
@@ -140,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(format(r['sidecar_path_us'], '.2f') for r in runs)} µs of CPU per event; in-process "
               f"{', '.join(format(r['in_process_us'], '.2f') for r in runs)}")
         return 0
-    sets = " (Python sets)" if args.python_sets else ""
+    sets = (" (Python sets)" if args.python_sets else "") + (" (Python tables)" if args.python_tables else "")
     print(f"{source}{sets}: {args.rate:,} events/s offered, {args.runs} runs of {args.seconds:g} s, load average "
           f"{os.getloadavg()[0]:.1f}: applied {', '.join(format(r['events_per_s'], ',.0f') for r in runs)} events/s; "
           f"sidecar {', '.join(format(r['sidecar_us'], '.2f') for r in runs)} µs of CPU per event "

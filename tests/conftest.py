@@ -88,3 +88,14 @@ def native_key_sets(request) -> bool:
     if request.param and not NATIVE_BUILT:
         pytest.skip("router.state._keyset is not built here (pip install -e . builds it)")
     return request.param
+
+
+@pytest.fixture(params=[True, False], ids=["native-tables", "python-tables"])
+def native_tables(request) -> bool:
+    """The sidecar's engine-block tables in C, then the Python ``TrackedTable``
+    (``kv_events.native_tables``); native is skipped where the extension was not built."""
+    from router.state.precise_native import NATIVE_TABLES_BUILT
+
+    if request.param and not NATIVE_TABLES_BUILT:
+        pytest.skip("router.state._tracked is not built here (pip install -e . builds it)")
+    return request.param

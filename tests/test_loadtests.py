@@ -289,6 +289,16 @@ def test_engine_calibration_bench_gives_the_router_only_urls_and_the_wrong_rate(
         assert all(i.prefill_tokens_per_s is None for i in config.instances)  # the default rate decides
 
 
+def test_sidecar_cost_measures_either_table_kind_and_refuses_a_pass_it_cannot_warm() -> None:
+    from loadtests.kv_flood import MAX_MEASURED, sidecar_cost
+
+    assert sidecar_cost(True, repeats=1, messages=16) > 0
+    assert sidecar_cost(False, repeats=1, messages=16) > 0
+    assert sidecar_cost(True, repeats=1, messages=0) == 0.0  # the callgrind baseline: applies nothing
+    with pytest.raises(ValueError):
+        sidecar_cost(True, messages=MAX_MEASURED + 1)
+
+
 def test_kv_ingest_cost_applies_a_small_flood_and_measures_both_sides() -> None:
     """A real sidecar and publisher: every event of a flood the sidecar easily keeps up with
     is applied, and both CPU figures are there."""

@@ -82,6 +82,9 @@ class KVEventsConfig(_Strict):
     native_key_sets: bool = Field(default=True, description="with the sidecar, the loop's key sets are the C "
                                   "extension router.state._keyset's where it was built (GET /debug/kv_events: "
                                   "key_sets); false, or not built: Python sets, ~4x the loop's CPU per key change")
+    native_tables: bool = Field(default=True, description="the sidecar's engine-block tables are the C extension "
+                                "router.state._tracked's where it was built (GET /debug/kv_events: tables); false, "
+                                "or not built: Python tables, ~2.4x the sidecar's CPU per event")
     sidecar_nice: int = Field(default=5, ge=0, le=19, description="the sidecar's CPU priority below the router's "
                               "(Unix nice increment): when the cores are contended, routing goes first and an "
                               "ingestion that falls behind shows as sequence gaps (approximate residency until resynced)")

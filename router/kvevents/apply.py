@@ -23,10 +23,12 @@ from router.kvevents.wire import (
     decode_event,
 )
 from router.request.hashing import chain_keys, pack_tokens, root_seed, token_seed
-from router.state.precise import BlockTable, tier_of
+from router.state.precise import EngineTable, tier_of
+from router.state.precise_native import NATIVE_HASHING, NativeTrackedTable
 
 # The chain below is router.request.hashing's own (chain_keys from token_seed): the very same
-# keys as token_block_keys (tests/kvevents/test_apply.py checks it against that function).
+# keys as token_block_keys (tests/kvevents/test_apply.py checks it against that function);
+# into the sidecar's C tables the same chain is computed in C (store_tokens; NATIVE_HASHING).
 log = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
@@ -49,7 +51,7 @@ class ApplyCounters:
 class TableWriter:
     """Writes one engine's events into its table."""
 
-    table: BlockTable
+    table: EngineTable
     model: str
     router_block: int
     seed: int = 0
@@ -159,14 +161,20 @@ class TableWriter:
                 prev = self.root(lora_name)
         else:
             prev = table.last_key(parent)
+        per = bs // rb
+        if prev is not None and NATIVE_HASHING and isinstance(table, NativeTrackedTable):
+            try:  # the same chain, from the token ids, in one C call (router/state/_tracked_tokens.h)
+                c.stored_blocks += table.store_tokens(hashes, tokens, bs, per, prev, tier)
+            except (OverflowError, TypeError):  # a token id that is not a uint32: nothing stored
+                c.refused += 1
+            return
         try:
             packed = _pack(tokens if len(tokens) == n * bs else tokens[: n * bs])
         except (struct.error, OverflowError, TypeError):
             c.refused += 1
             return
-        per = bs // rb
-        keys: list[tuple[int, ...]] = []
         if prev is None:  # the parent is unknown: only blocks stored before can be placed
+            keys: list[tuple[int, ...]] = []
             known = table.keys_of
             for j in range(n):
                 ks = known(hashes[j])
@@ -175,10 +183,9 @@ class TableWriter:
                     n = j
                     break
                 keys.append(ks)
+            table.store_run(hashes if n == len(hashes) else hashes[:n], keys, tier)
         else:  # the request chain over the same tokens: per router keys for each engine block
-            flat = chain_keys(packed, 4 * rb, n * per, prev)
-            keys = list(zip(flat)) if per == 1 else list(zip(*[iter(flat)] * per))
-        table.store_run(hashes if n == len(hashes) else hashes[:n], keys, tier)
+            table.store_flat(hashes, chain_keys(packed, 4 * rb, n * per, prev), per, tier)  # n blocks: zip's length
         c.stored_blocks += n
 
 

@@ -1,7 +1,8 @@
 """The ingestion sidecar's process: ``python -m router.kvevents.sidecar_main FD``.
 
 It runs the very ingestion the router runs in-process (``KVEventIngest``'s sockets,
-``Source``'s sequence checks and replays, ``TableWriter``) over ``TrackedTable``s, and
+``Source``'s sequence checks and replays, ``TableWriter``) over tables that note their
+changes (``router.state.precise_native``: in C where built, else ``TrackedTable``), and
 every ``FLUSH_S`` (``IDLE_FLUSH_S`` after a flush with nothing to send) writes the
 tables' deltas to the socket ``FD``; its counters go every
 ``STATS_S``. Commands (the config, then sources to open) come framed on stdin; stdin's
@@ -35,7 +36,7 @@ from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar_wire import ADD, CONFIG, ERROR, OPENED, REMOVE, STATS, encode_delta, json_frame
 from router.kvevents.source import Source, SourceSpec
 from router.state.precise import EventResidency
-from router.state.precise_mirror import TrackedTable
+from router.state.precise_native import Tracked, table_kind, tracked_table
 
 log = logging.getLogger("router.kvevents.sidecar")
 
@@ -65,7 +66,9 @@ class _ChildIngest(KVEventIngest):
 class Sidecar:
     def __init__(self, config: RouterConfig, out: socket.socket, may_bind: bool = True) -> None:
         kv = config.kv_events
-        self.residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight, factory=TrackedTable)
+        self.tables = table_kind(kv.native_tables)  # "native" (router.state._tracked) or "python"
+        self.residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
+                                        factory=tracked_table(kv.native_tables))
         self.ingest = _ChildIngest(config, InstancePool(config), self.residency, may_bind=may_bind)
         self.sources: dict[int, Source] = {}
         self.gens: dict[str, int] = {}  # instance -> the router's generation of its subscription
@@ -92,7 +95,7 @@ class Sidecar:
         for instance in self.residency.instances():
             gen = self.gens.get(instance, 0)
             for rank, table in self.residency.tables(instance).items():
-                assert isinstance(table, TrackedTable)
+                assert isinstance(table, Tracked)
                 delta = table.take_delta()
                 if delta is not None:
                     chunks.append(encode_delta(instance, rank, delta, gen))

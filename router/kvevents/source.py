@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from router.kvevents.apply import TableWriter
 from router.kvevents.wire import WireError, decode_batch
-from router.state.precise import BlockTable
+from router.state.precise import EngineTable
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class Source:
     _task: asyncio.Task[None] | None = None
 
     @property
-    def table(self) -> BlockTable:
+    def table(self) -> EngineTable:
         return self.writer.table
 
     def on_message(self, seq: int, payload: bytes, *, allow_replay: bool = True) -> None:

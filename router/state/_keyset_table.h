@@ -149,7 +149,7 @@ static int erase(KeyTable *s, uint64_t k) {
 }
 
 /* After removals: shrink when live keys fill less than 1/8 (a failed shrink is harmless). */
-static void maybe_shrink(KeyTable *s) {
+static inline void maybe_shrink(KeyTable *s) {
     if (s->cap > MIN_CAP && s->used * 8 < s->cap && rehash(s, cap_for(s->used)) < 0)
         PyErr_Clear();
 }

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Sequence
+from typing import Protocol
 
 _GPU, _OFFLOAD = 1, 2
 
@@ -38,6 +39,30 @@ def leading_depth(keys: Sequence[int], gpu: Container[int], offload: Container[i
         else:
             break
     return total
+
+
+class EngineTable(Protocol):
+    """What ingestion writes and decisions read of one engine's table: ``BlockTable`` (and
+    the sidecar's ``TrackedTable``, the loop's ``MirrorTable``), or the sidecar's C table
+    (``router.state.precise_native``)."""
+
+    fresh: bool
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def overflow(self) -> int: ...
+    def __len__(self) -> int: ...
+    def last_key(self, engine_hash: int) -> int | None: ...
+    def keys_of(self, engine_hash: int) -> tuple[int, ...] | None: ...
+    def store(self, engine_hash: int, keys: tuple[int, ...], tier: int) -> None: ...
+    def store_run(self, hashes: Sequence[int], keys: Sequence[tuple[int, ...]], tier: int) -> None: ...
+    def store_flat(self, hashes: Sequence[int], keys: Sequence[int], per: int, tier: int) -> None: ...
+    def remove(self, engine_hash: int, tier: int) -> bool: ...
+    def remove_run(self, hashes: Sequence[int], tier: int) -> int: ...
+    def clear(self) -> None: ...
+    def holds(self, key: int) -> bool: ...
+    def depth(self, keys: Sequence[int], cpu_weight: float) -> float: ...
 
 
 class BlockTable:
@@ -109,6 +134,10 @@ class BlockTable:
             self._uncount(old_keys, old_tiers)
             self.overflow += 1
 
+    def store_flat(self, hashes: Sequence[int], keys: Sequence[int], per: int, tier: int) -> None:
+        """``store_run`` with the keys flat: ``hashes[j]`` holds ``keys[j*per:(j+1)*per]``."""
+        self.store_run(hashes, list(zip(keys)) if per == 1 else list(zip(*[iter(keys)] * per)), tier)
+
     def remove_run(self, hashes: Sequence[int], tier: int) -> int:
         """``remove`` for several blocks in one loop; returns how many the table had there."""
         blocks = self._blocks
@@ -177,16 +206,17 @@ class EventResidency:
     """Every precise instance's tables (one per data-parallel rank)."""
 
     def __init__(self, capacity: int, cpu_weight: float = 0.8,
-                 factory: Callable[[int], BlockTable] = BlockTable) -> None:
+                 factory: Callable[[int], EngineTable] = BlockTable) -> None:
         """``factory`` makes each table from the capacity: ``BlockTable`` where events are
         applied in this process, a mirror of a sidecar's tables otherwise
-        (``router.state.precise_mirror``)."""
+        (``router.state.precise_mirror``); in the sidecar, a table that also notes its
+        changes (``router.state.precise_native.tracked_table``)."""
         self._capacity = capacity
         self.cpu_weight = cpu_weight
         self._factory = factory
-        self._tables: dict[str, dict[int, BlockTable]] = {}
+        self._tables: dict[str, dict[int, EngineTable]] = {}
 
-    def table(self, instance: str, rank: int = 0) -> BlockTable:
+    def table(self, instance: str, rank: int = 0) -> EngineTable:
         """The table of one engine, created (stale) on first use."""
         ranks = self._tables.setdefault(instance, {})
         table = ranks.get(rank)
@@ -197,7 +227,7 @@ class EventResidency:
     def instances(self) -> list[str]:
         return list(self._tables)
 
-    def tables(self, instance: str) -> dict[int, BlockTable]:
+    def tables(self, instance: str) -> dict[int, EngineTable]:
         return self._tables.get(instance, {})
 
     def is_fresh(self, instance: str) -> bool:

@@ -177,7 +177,7 @@ class TrackedTable(BlockTable):
         counts, added, removed = self._sets(tier)
         was = {key for key in keys if key in counts}
         super()._count(keys, tier, delta)
-        for key in keys:
+        for key in dict.fromkeys(keys):  # once per key: a block may carry one twice
             held = key in counts
             if held and key not in was:
                 if key in removed:

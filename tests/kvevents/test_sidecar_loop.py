@@ -20,7 +20,8 @@ from router.kvevents.source import SourceSpec
 from router.kvevents.wire import decode_batch
 from router.state.memory import MemoryStore
 from router.state.precise import BlockTable
-from router.state.precise_mirror import MirrorTable, TableDelta, TrackedTable
+from router.state.precise_mirror import MirrorTable, TableDelta
+from router.state.precise_native import Tracked, tracked_table
 from array import array
 from helpers import batch, cleared, keys, prompt, removed, stored
 
@@ -98,7 +99,8 @@ def random_batch(rng: random.Random, live: list[tuple[int, list[int]]], next_has
 
 
 @pytest.mark.parametrize("seed", range(8))
-async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, native_key_sets, monkeypatch):
+async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, native_key_sets, native_tables,
+                                                                             monkeypatch):
     rng = random.Random(seed)
     monkeypatch.setattr(sidecar_mod, "SLICE_KEYS", rng.choice((1, 3, 7, 64)))
     ch = Channel(native_key_sets)
@@ -106,7 +108,7 @@ async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(s
         assert ch.mirror().native == native_key_sets
         assert ch.ingest.key_sets == ("native" if native_key_sets else "python")
         reference = TableWriter(BlockTable(32), "m", 16)  # small: evictions too
-        tracked = TableWriter(TrackedTable(32), "m", 16)
+        tracked = TableWriter(tracked_table(native_tables)(32), "m", 16)  # the sidecar's, in C or Python
         live: list[tuple[int, list[int]]] = []
         next_hash = [1]
         probes = [keys(prompt(64, seed=s)) for s in range(40)]
@@ -118,6 +120,7 @@ async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(s
                     reference.apply_raw(decode_batch(payload)[1])
                     tracked.apply_raw(decode_batch(payload)[1])
                 tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
+                assert isinstance(tracked.table, Tracked)
                 delta = tracked.table.take_delta()
                 assert delta is not None
                 stream += encode_delta("a", 0, delta, gen=1)

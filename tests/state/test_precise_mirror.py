@@ -74,6 +74,15 @@ def test_a_key_stored_and_removed_between_deltas_is_not_shipped():
     assert table.take_delta() is None  # nothing since
 
 
+def test_a_block_carrying_a_key_twice_is_netted_like_any_other():
+    table = TrackedTable(1)
+    table.take_delta()
+    table.store(1, (10, 10), GPU)
+    table.store(2, (11,), GPU)  # evicts block 1: key 10 came and went between two deltas
+    delta = table.take_delta()
+    assert delta is not None and list(delta.added_gpu) == [11] and not delta.removed_gpu
+
+
 def test_a_shared_key_leaves_the_mirror_only_with_its_last_block():
     table, mirror = TrackedTable(100), MirrorTable(100)
     table.store_run([1, 2], [(10,), (10,)], GPU)  # two engine blocks, one router key (e.g. LoRA salts)
