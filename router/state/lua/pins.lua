@@ -82,7 +82,7 @@ local function pin(S, inst, hex, cap)
       new = new + w
     end
     writes[#writes + 1] = fields[t]
-    writes[#writes + 1] = c
+    writes[#writes + 1] = c == 1 and '1' or string.format('%d', c)  -- text: ops.lua's now_text says why
     n = ds[t]
   end
   if #writes > 0 then hset_all(S.pin, writes) end
@@ -106,7 +106,7 @@ local function unpin(S, inst, epoch, hex, n)
         freed = freed + pin_weight(ds[t])
       else
         writes[#writes + 1] = fields[t]
-        writes[#writes + 1] = c - 1
+        writes[#writes + 1] = string.format('%d', c - 1)
       end
     end
   end
