@@ -107,7 +107,7 @@ class RedisStore(StateStore):
             self._client = cluster_client(self._url, **opts)
         else:
             self._client = aioredis.from_url(self._url, **opts)
-        self._runner = Runner(self._client, self._cluster)
+        self._runner = Runner(self._client, self._cluster, timeout_s=self._timeout_s)
         with contextlib.suppress(*FAILURES):  # else loaded on first use
             await self._runner.load()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
@@ -121,6 +121,8 @@ class RedisStore(StateStore):
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
+        if self._runner is not None:
+            await self._runner.close()
         if self._client is not None:
             await self._client.aclose()
 
