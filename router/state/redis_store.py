@@ -204,6 +204,8 @@ class RedisStore(StateStore):
                 ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
         elif book_keys:
             ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
+        if book_keys and not self._cluster and ops[-1].args[1] == hex_keys:
+            hex_keys = "="  # one call to a standalone Redis: the bookings name the look-up's keys (lua/ops.lua)
         # the least loaded of each shard feed pruning's index; a decision over the whole pool reads every load anyway
         low = self._low if booking is not None and len(instances) < len(self._caps) else 0
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():

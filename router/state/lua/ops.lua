@@ -55,12 +55,6 @@ local function delta(x)
   return math.max(-LOAD_MAX, math.min(LOAD_MAX, x))
 end
 
--- A field of the loads hash that is no instance: its long value (PIN_PAD) keeps the hash in
--- Redis's hashtable encoding. Below 512 fields Redis keeps a hash as one ziplist, which every
--- HGET/HMGET/HSET scans from its head: with 256 instances a shard (1,024 over 4 shards), the
--- loads a decision reads and books scanned ~800 k instructions of ziplist, 14% of the decision.
-local LOADS_PAD = '\30pad'
-
 local function add_load(S, inst, req, pf, kv, tx, tb)
   local r, p, v, t, y = 0, 0, 0, 0, 0
   local old = redis.call('HGET', S.loads, inst)
@@ -193,10 +187,13 @@ end
 -- Reply: instance, depth, ... over the holders (before this op's own records). Only holders
 -- of the first block can match; each one's depth is a binary search (a run is contiguous:
 -- recorded whole, evicted and expired tail first), so the cost is O(holders x log blocks).
+local LOOKUP_HEX = ''  -- the block keys the last look-up of this call got (op_book's '=')
+
 local function op_lookup(k0, nk, a0)
   local n, block = nk - 1, nil
   local ttl, hex = tonumber(ARGV[a0]), ARGV[a0 + 1]
   if n == 0 and #hex > 0 then
+    LOOKUP_HEX = hex
     n = math.floor(#hex / 16)
     local head = string.sub(KEYS[k0], 1, -3) .. 'b:'  -- KEYS[k0] is <tag>:fg
     block = function(d) return head .. string.sub(hex, 16 * d - 15, 16 * d) end
@@ -290,7 +287,8 @@ end
 -- shard's legs of a booking (nlegs may be 0: a read). KEYS loads, lz, bk, leases, pin, seq,
 -- lru x nlegs; ARGV id, lease_ms, request_tokens, nread, inst x nread, nlow, nlegs,
 -- (inst, prefill, kv, transfers, transfer_bytes, transient, cap, block tokens) x nlegs, the prompt's
--- residency shard, its block keys as one argument of 16 hex digits each (one argument
+-- residency shard, its block keys as one argument of 16 hex digits each, or '=': those the
+-- look-up before it in the same call got (a standalone Redis's one call sends them once; one argument
 -- instead of one per block halves what the router packs per decision, and the fixed width
 -- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
 -- Reply: {loads of the read instances, {inst, load} of the nlow least loaded, {inst,
@@ -318,8 +316,9 @@ local function op_book(k0, nk, a0)
   local mem0 = a + 8 * nlegs
   local evicted, booked = {}, 0
   if nlegs > 0 and redis.call('HEXISTS', S.bk, id) == 0 then
-    redis.call('HSETNX', S.loads, LOADS_PAD, PIN_PAD)  -- (hashtable encoding: see LOADS_PAD)
+    redis.call('HSETNX', S.loads, LOADS_PAD, PIN_PAD)  -- (hashtable encoding: pins.lua's LOADS_PAD)
     local prefix, hex = ARGV[mem0] .. ':', ARGV[mem0 + 1]
+    if hex == '=' then hex = LOOKUP_HEX end
     local nblocks = math.floor(#hex / 16)
     local function member(d) return prefix .. string.sub(hex, 16 * d - 15, 16 * d) end
     booked = 1
