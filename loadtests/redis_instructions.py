@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
                 + (["change"] if len(names) > 1 else []), rows)
     print(out)
     if args.write:
-        write_section("Redis server instructions per decision", "python loadtests/redis_instructions.py " + " ".join(sys.argv[1:]),
+        write_section(args.section, "python loadtests/redis_instructions.py " + " ".join(sys.argv[1:]),
                       f"Processes under callgrind (user space), {args.iterations} decisions with their releases per "
                       "case (decision_cost.py's set-up, candidate pruning k = 16), the count of 5 subtracted.\n\n" + out)
     return 0
@@ -139,4 +139,6 @@ if __name__ == "__main__":
     p.add_argument("--iterations", type=int, default=100)
     p.add_argument("--router", action="store_true", help="count the router's (benchmark process's) instructions too")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
+    p.add_argument("--section", default="Redis server instructions per decision",
+                   help="the docs/benchmarks.md section --write replaces (or appends)")
     raise SystemExit(main(p.parse_args()))
