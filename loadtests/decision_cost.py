@@ -181,12 +181,12 @@ def memory_factory():
     return make
 
 
-def redis_factory(url: str, cluster: bool = False):
+def redis_factory(url: str, cluster: bool = False, lease_s: float = 15.0):
     from router.state.redis_store import RedisStore
 
     async def make(ids):
         store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5,
-                           cluster=cluster)
+                           cluster=cluster, lease_s=lease_s)
         await store.start()
         return store
     return make

@@ -365,9 +365,14 @@ end
 -- ones. KEYS loads, lz, bk, leases; ARGV lease_ms, request_tokens, id...
 local function op_refresh(k0, nk, a0, na)
   local S = shard(k0, ARGV[a0 + 1])
-  local expiry = now_ms() + tonumber(ARGV[a0])
-  local kept = 0
-  for i = a0 + 2, a0 + na - 1 do kept = kept + redis.call('ZADD', S.leases, 'XX', 'CH', expiry, ARGV[i]) end
+  local expiry = string.format('%d', now_ms() + tonumber(ARGV[a0]))  -- text: now_text says why
+  local kept, batch = 0, {'XX', 'CH'}  -- one ZADD per 2,000 bookings, not one each
+  for i = a0 + 2, a0 + na - 1 do
+    batch[#batch + 1] = expiry
+    batch[#batch + 1] = ARGV[i]
+    if #batch >= 4002 then kept = kept + redis.call('ZADD', S.leases, unpack(batch)); batch = {'XX', 'CH'} end
+  end
+  if #batch > 2 then kept = kept + redis.call('ZADD', S.leases, unpack(batch)) end
   sweep(S)
   return kept
 end
