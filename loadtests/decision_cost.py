@@ -181,12 +181,12 @@ def memory_factory():
     return make
 
 
-def redis_factory(url: str, cluster: bool = False):
+def redis_factory(url: str, cluster: bool = False, lease_s: float = 15.0):
     from router.state.redis_store import RedisStore
 
     async def make(ids):
         store = RedisStore(url, {i: 10_000_000 for i in ids}, key_prefix=f"bench{random.getrandbits(32)}", timeout_s=5,
-                           cluster=cluster)
+                           cluster=cluster, lease_s=lease_s)
         await store.start()
         return store
     return make
@@ -235,7 +235,7 @@ def side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
         note = (f"{args.rounds} rounds, each tree in its own process per round, alternating which runs first; ranges over "
                 f"the rounds. Load average (1 min) after each run: {min(loads):.1f}–{max(loads):.1f} (2 cores). CPU columns "
                 "as in \"Decision cost at scale\" (benchmark process per decision + release; redis-server INFO cpu delta).")
-        write_section("Decision cost side by side", "python loadtests/decision_cost.py " + " ".join(argv),
+        write_section(args.section or "Decision cost side by side", "python loadtests/decision_cost.py " + " ".join(argv),
                       note + "\n\n" + out)
     return 0
 
@@ -284,7 +284,7 @@ async def main(args: argparse.Namespace) -> int:
                 "pipelined). CPU columns: the benchmark process's CPU per decision "
                 "(decision + release, hashing included) and the redis-server's (INFO cpu delta), both robust to a loaded "
                 "machine where wall-time percentiles are not. " + load_note())
-        write_section("Decision cost at scale", "python loadtests/decision_cost.py " + " ".join(sys.argv[1:]),
+        write_section(args.section or "Decision cost at scale", "python loadtests/decision_cost.py " + " ".join(sys.argv[1:]),
                       note + "\n\n" + out)
     return 0
 
@@ -303,6 +303,8 @@ if __name__ == "__main__":
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
     p.add_argument("--baseline", metavar="REF", help="also run the router package of this git commit, side by side")
     p.add_argument("--rounds", type=int, default=1, help="with --baseline: rounds of each tree")
+    p.add_argument("--section", help="the docs/benchmarks.md section --write replaces (or appends); default "
+                   "\"Decision cost at scale\", with --baseline \"Decision cost side by side\"")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     parsed = p.parse_args()
     if parsed.baseline:

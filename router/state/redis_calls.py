@@ -28,13 +28,14 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import AbstractConnection, Connection
 from redis.exceptions import (
     AskError,
     ClusterError,
     NoScriptError,
     RedisClusterException,
     RedisError,
+    ResponseError,
     SlotNotCoveredError,
     TryAgainError,
 )
@@ -70,6 +71,55 @@ class LinearPackConnection(Connection):
         return [b"".join(parts)]
 
 
+class Line:
+    """Connections of the store's own for its one hot call, EVALSHA to a standalone Redis.
+
+    redis-py's ``execute_command`` takes a connection from its pool under a lock, runs the
+    call in a retry object (with no retries configured), records observability events at
+    each step, and bounds the socket write with ``asyncio.wait_for`` (a task per call): about
+    a quarter of a small call's CPU in the router (tools: loadtests/redis_instructions.py
+    --router). Here: a list of idle connections made by the client's own pool settings, the
+    connection's own pack, send and read, and one ``asyncio.timeout`` over the whole call.
+    The same errors reach the store: a reply error (NoScriptError) as redis-py raises it, with
+    the connection kept (its reply was read whole); any other failure (ConnectionError, a
+    timeout: TimeoutError) closes the connection, whose late reply must never be read as the
+    next call's. Bounded: at most ``keep`` idle connections (one per call in flight is made)."""
+
+    def __init__(self, pool: aioredis.ConnectionPool, timeout_s: float | None, keep: int = 64) -> None:
+        # the whole call is timed here, so the socket reads and writes are not (see above)
+        self._kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        self._make: Callable[..., AbstractConnection] = pool.connection_class
+        self._timeout_s = timeout_s
+        self._keep = keep
+        self._idle: list[AbstractConnection] = []
+
+    async def call(self, *args: Arg) -> Any:
+        conn = self._idle.pop() if self._idle else self._make(**self._kwargs)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await conn.send_packed_command(conn.pack_command(*args), check_health=False)  # connects if need be
+                reply = await conn.read_response()
+        except ResponseError:
+            await self._put(conn)
+            raise
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        await self._put(conn)
+        return reply
+
+    async def _put(self, conn: AbstractConnection) -> None:
+        if len(self._idle) < self._keep:
+            self._idle.append(conn)
+        else:
+            await conn.disconnect()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect()
+
+
 def cluster_client(url: str, **opts: Any) -> aioredis.RedisCluster:
     """A Cluster client whose node connections pack linearly too. RedisCluster fixes
     ``connection_class=Connection`` in the kwargs it hands every node it discovers, so it is
@@ -100,14 +150,20 @@ def _encode(ops: Sequence[Op]) -> tuple[list[str], list[Arg]]:
 class Runner:
     """Runs ops on a standalone client or a Cluster client, loading the script when missing."""
 
-    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, cluster: bool, slot_retry_s: float = 0.05) -> None:
+    def __init__(self, client: aioredis.Redis | aioredis.RedisCluster, cluster: bool, slot_retry_s: float = 0.05,
+                 timeout_s: float | None = None) -> None:
         self._client = client
         self._cluster = cluster
+        self._line = None if isinstance(client, aioredis.RedisCluster) else Line(client.connection_pool, timeout_s)
         self._source = script_source()
         self._sha = ""
         self._slot_retry_s = slot_retry_s
         self.slot_retries = 0  # Cluster calls sent again because their slot was moving
         self.residency_skipped = 0  # residency-only calls given up on while their slot moved
+
+    async def close(self) -> None:
+        if self._line is not None:
+            await self._line.close()
 
     async def load(self) -> None:
         """SCRIPT LOAD (on every primary of a Cluster)."""
@@ -130,9 +186,9 @@ class Runner:
         raise AssertionError("unreachable")
 
     async def _send(self, ops: Sequence[Op]) -> list[Any]:
-        if not self._cluster:
+        if self._line is not None:
             keys, argv = _encode(ops)
-            return list(await self._client.evalsha(self._sha, len(keys), *keys, *argv))
+            return list(await self._line.call("EVALSHA", self._sha, len(keys), *keys, *argv))
         groups: dict[str, list[int]] = {}
         for i, op in enumerate(ops):
             groups.setdefault(op.tag, []).append(i)

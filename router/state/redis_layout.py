@@ -42,6 +42,9 @@ from router.state.base import Leg
 Arg = str | int | float
 _NAMES_MAX = 65_536  # block names remembered (~100 bytes each)
 _HEX = "{:016x}"  # block keys are 64-bit: fixed width, so a script can index them
+# A field of each shard's loads hash that names no instance (lua/ops.lua: its long value keeps
+# the hash out of Redis's ziplist encoding); a reader of the whole hash skips it.
+LOADS_PAD = "\x1epad"
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class RedisStore(StateStore):
             self._client = cluster_client(self._url, **opts)
         else:
             self._client = aioredis.from_url(self._url, **opts)
-        self._runner = Runner(self._client, self._cluster)
+        self._runner = Runner(self._client, self._cluster, timeout_s=self._timeout_s)
         with contextlib.suppress(*FAILURES):  # else loaded on first use
             await self._runner.load()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
@@ -121,6 +121,8 @@ class RedisStore(StateStore):
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
+        if self._runner is not None:
+            await self._runner.close()
         if self._client is not None:
             await self._client.aclose()
 
@@ -202,6 +204,8 @@ class RedisStore(StateStore):
                 ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
         elif book_keys:
             ops.append(lay.lookup(book_keys, recorders, self._ttl_ms, hex_keys, declare))
+        if book_keys and not self._cluster and ops[-1].args[1] == hex_keys:
+            hex_keys = "="  # one call to a standalone Redis: the bookings name the look-up's keys (lua/ops.lua)
         # the least loaded of each shard feed pruning's index; a decision over the whole pool reads every load anyway
         low = self._low if booking is not None and len(instances) < len(self._caps) else 0
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():

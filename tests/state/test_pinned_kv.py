@@ -217,3 +217,28 @@ async def test_the_pin_hash_stays_out_of_the_ziplist_encoding(redis_url, key_pre
     finally:
         raw.close()
         await store.close()
+
+
+async def test_the_loads_hash_stays_out_of_the_ziplist_encoding(redis_url, key_prefix):
+    # A shard's loads hash holds one field per instance: below 512 fields Redis would keep it
+    # as a ziplist, which every HGET/HMGET/HSET of a decision scans from its head
+    # (lua/ops.lua's LOADS_PAD); the pad field is no instance's and never read as a load.
+    import redis
+
+    from router.state.redis_layout import LOADS_PAD
+
+    store = RedisStore(redis_url, CAPS, key_prefix=key_prefix)
+    await store.start()
+    raw = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        booking = await book(store, "r1", [1, 2, 3])
+        loads = store.layout.loads_key("a")
+        assert raw.object("encoding", loads) == "hashtable"
+        assert LOADS_PAD in raw.hkeys(loads)
+        snap = await store.snapshot([], INSTANCES)
+        assert snap.loads["a"].requests == 1 and set(snap.loads) == set(INSTANCES)
+        await store.release(booking)
+        assert raw.hkeys(loads) == [LOADS_PAD]  # the instance's load is gone: idle, as before
+    finally:
+        raw.close()
+        await store.close()

@@ -12,8 +12,8 @@ from router.state.pins import PIN_STRIDE, PinCounts
 
 
 class PerKeyCounts:
-    """The reference: one holder count per pinned key (what the tree replaces, and what
-    lua/pins.lua does), each key standing for its weight in blocks."""
+    """The reference: one holder count per pinned key (what the tree replaces, in pins.py and
+    in lua/pins.lua: tests/state/test_pins_redis.py), each key standing for its weight in blocks."""
 
     def __init__(self, cap: int) -> None:
         self.counts: Counter[int] = Counter()

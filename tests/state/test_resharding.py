@@ -11,6 +11,7 @@ import random
 import redis.asyncio as aioredis
 from redis.exceptions import MovedError
 
+from router.state.redis_layout import LOADS_PAD
 from router.state.redis_store import RedisStore
 from state.test_contract import GreedyChooser  # type: ignore[import-not-found]
 
@@ -58,6 +59,7 @@ async def _shared_state(url: str, prefix: str, tags: list[str]) -> tuple[dict[st
         bookings = 0
         for tag in tags:
             loads.update(await cluster.hgetall(tag + ":loads"))
+            loads.pop(LOADS_PAD, None)  # no instance's: keeps the hash's encoding (redis_layout.py)
             bookings += await cluster.hlen(tag + ":bk")
         return loads, bookings
     finally:

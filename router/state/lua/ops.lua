@@ -11,7 +11,7 @@
 --   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms); the key in 16 hex digits
 --   :fg             hash instance -> time its residency was last forgotten (ms)
 -- Instance shard {P:i<n>} (instances whose name hashes to n):
---   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"
+--   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"; \30pad -> a long value (LOADS_PAD)
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
 --   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + this shard's legs (\30 between legs, \31 between fields)
 --                   [+ \29 + the prompt's block keys, 16 hex digits each, when a leg pins them]
@@ -21,13 +21,21 @@
 --   :lru:<inst>     zset "<residency shard>:<block key, 16 hex digits>" -> recency, capped at the capacity
 --   :seq            recency sequence
 
-local NOW
+local NOW, NOW_TEXT
 local function now_ms()
   if not NOW then
     local t = redis.call('TIME')
     NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   return NOW
+end
+
+-- A Lua number handed to redis.call is formatted with snprintf('%.17g') (~2,300 instructions
+-- each; a 2,048-block prompt's records wrote 4,096 of them), so integers go as text: '%d'
+-- (exact below 2^53, as every integer here is).
+local function now_text()
+  if not NOW_TEXT then NOW_TEXT = string.format('%d', now_ms()) end
+  return NOW_TEXT
 end
 
 -- Lua numbers are doubles and '%d' wraps above 2^63: every amount is clamped to [0, 2^52]
@@ -63,7 +71,7 @@ local function add_load(S, inst, req, pf, kv, tx, tb)
     redis.call('HDEL', S.loads, inst)  -- absent means idle: instances that come and go leave nothing behind
     redis.call('ZREM', S.lz, inst)
   else
-    redis.call('HSET', S.loads, inst, string.format('%.0f:%.0f:%.0f:%.0f:%.0f', r, p, v, t, y))
+    redis.call('HSET', S.loads, inst, string.format('%d:%d:%d:%d:%d', r, p, v, t, y))  -- clamped: exact
     redis.call('ZADD', S.lz, p + r * S.rt, inst)
   end
 end
@@ -157,15 +165,17 @@ end
 -- Record that inst holds a prompt's blocks block(1 .. n) (one whole prefix). held:
 -- leading blocks the lookup found; while the last of them was recorded less than half a
 -- TTL ago only the blocks beyond them are written, so a hot prefix costs one write per new block.
-local function record(block, n, inst, now, ttl, held)
+-- ttl_text: the TTL as the argument gave it (text: now_text).
+local function record(block, n, inst, now, ttl, ttl_text, held)
   if held > 0 then
     local last = redis.call('HGET', block(held), inst)
     if not last or tonumber(last) < now - ttl / 2 then held = 0 end
   end
+  local stamp = now_text()
   for d = held + 1, n do
     local key = block(d)
-    redis.call('HSET', key, inst, now)
-    redis.call('PEXPIRE', key, ttl)
+    redis.call('HSET', key, inst, stamp)
+    redis.call('PEXPIRE', key, ttl_text)
   end
 end
 
@@ -177,10 +187,13 @@ end
 -- Reply: instance, depth, ... over the holders (before this op's own records). Only holders
 -- of the first block can match; each one's depth is a binary search (a run is contiguous:
 -- recorded whole, evicted and expired tail first), so the cost is O(holders x log blocks).
+local LOOKUP_HEX = ''  -- the block keys the last look-up of this call got (op_book's '=')
+
 local function op_lookup(k0, nk, a0)
   local n, block = nk - 1, nil
   local ttl, hex = tonumber(ARGV[a0]), ARGV[a0 + 1]
   if n == 0 and #hex > 0 then
+    LOOKUP_HEX = hex
     n = math.floor(#hex / 16)
     local head = string.sub(KEYS[k0], 1, -3) .. 'b:'  -- KEYS[k0] is <tag>:fg
     block = function(d) return head .. string.sub(hex, 16 * d - 15, 16 * d) end
@@ -211,7 +224,7 @@ local function op_lookup(k0, nk, a0)
   end
   for i = 1, tonumber(ARGV[a0 + 2]) do
     local inst = ARGV[a0 + 2 + i]
-    record(block, n, inst, now, ttl, depth[inst] or 0)
+    record(block, n, inst, now, ttl, ARGV[a0], depth[inst] or 0)
   end
   return out
 end
@@ -231,7 +244,7 @@ local function op_forget_mark(k0, nk, a0)
   for j = 1, #marks, 2 do
     if tonumber(marks[j + 1]) < now - tonumber(ARGV[a0 + 1]) then redis.call('HDEL', KEYS[k0], marks[j]) end
   end
-  redis.call('HSET', KEYS[k0], ARGV[a0], now)
+  redis.call('HSET', KEYS[k0], ARGV[a0], now_text())
   return 1
 end
 
@@ -274,7 +287,8 @@ end
 -- shard's legs of a booking (nlegs may be 0: a read). KEYS loads, lz, bk, leases, pin, seq,
 -- lru x nlegs; ARGV id, lease_ms, request_tokens, nread, inst x nread, nlow, nlegs,
 -- (inst, prefill, kv, transfers, transfer_bytes, transient, cap, block tokens) x nlegs, the prompt's
--- residency shard, its block keys as one argument of 16 hex digits each (one argument
+-- residency shard, its block keys as one argument of 16 hex digits each, or '=': those the
+-- look-up before it in the same call got (a standalone Redis's one call sends them once; one argument
 -- instead of one per block halves what the router packs per decision, and the fixed width
 -- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
 -- Reply: {loads of the read instances, {inst, load} of the nlow least loaded, {inst,
@@ -302,7 +316,9 @@ local function op_book(k0, nk, a0)
   local mem0 = a + 8 * nlegs
   local evicted, booked = {}, 0
   if nlegs > 0 and redis.call('HEXISTS', S.bk, id) == 0 then
+    redis.call('HSETNX', S.loads, LOADS_PAD, PIN_PAD)  -- (hashtable encoding: pins.lua's LOADS_PAD)
     local prefix, hex = ARGV[mem0] .. ':', ARGV[mem0 + 1]
+    if hex == '=' then hex = LOOKUP_HEX end
     local nblocks = math.floor(#hex / 16)
     local function member(d) return prefix .. string.sub(hex, 16 * d - 15, 16 * d) end
     booked = 1
@@ -316,7 +332,7 @@ local function op_book(k0, nk, a0)
       if bt > 0 and nblocks > 0 and ARGV[b + 5] ~= '1' then
         local epoch, n, new = pin(S, inst, hex, tonumber(ARGV[b + 6]) or 0)
         -- the leg's own KV now includes the blocks the cap left unpinned; it adds the new blocks too
-        fields[3] = string.format('%.0f', clamp(kv + (nblocks - n) * bt))
+        fields[3] = string.format('%d', clamp(kv + (nblocks - n) * bt))
         fields[7], fields[8], fields[9] = bt, epoch, n
         added = kv + (nblocks - n + new) * bt
         pinned = true
@@ -349,9 +365,14 @@ end
 -- ones. KEYS loads, lz, bk, leases; ARGV lease_ms, request_tokens, id...
 local function op_refresh(k0, nk, a0, na)
   local S = shard(k0, ARGV[a0 + 1])
-  local expiry = now_ms() + tonumber(ARGV[a0])
-  local kept = 0
-  for i = a0 + 2, a0 + na - 1 do kept = kept + redis.call('ZADD', S.leases, 'XX', 'CH', expiry, ARGV[i]) end
+  local expiry = string.format('%d', now_ms() + tonumber(ARGV[a0]))  -- text: now_text says why
+  local kept, batch = 0, {'XX', 'CH'}  -- one ZADD per 2,000 bookings, not one each
+  for i = a0 + 2, a0 + na - 1 do
+    batch[#batch + 1] = expiry
+    batch[#batch + 1] = ARGV[i]
+    if #batch >= 4002 then kept = kept + redis.call('ZADD', S.leases, unpack(batch)); batch = {'XX', 'CH'} end
+  end
+  if #batch > 2 then kept = kept + redis.call('ZADD', S.leases, unpack(batch)) end
   sweep(S)
   return kept
 end
