@@ -99,7 +99,8 @@ def test_redis_frozen_then_killed_under_load():
 
         proc.kill()  # SIGKILL: connections refused at once
         proc.wait(timeout=10)
-        assert max(timed(url, 20)) < 1
+        killed = timed(url, 20)  # all answered (timed asserts 200), none waiting on a dead store: as fast as normal
+        assert statistics.median(killed) <= 2 * normal, (normal, statistics.median(killed))
         assert store.degraded
         procs.append(start_redis(port))  # back, empty, on the same address
         back = time.monotonic()

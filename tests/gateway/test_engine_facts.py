@@ -94,18 +94,42 @@ PROMPT = "Tenant 7 system prompt: answer support questions about invoices and or
 
 def test_a_busy_engine_is_avoided_when_its_load_came_from_elsewhere() -> None:
     slow = EmulatorConfig(model="tiny", time_scale=0.3, max_num_seqs=1, block_size=16, cache_tokens=65536)
-    with routed(slow, slow.replace(engine_id="e1"), engines={"metrics_interval_s": 0.1}) as (url, handles):
+    # a reading counts for 30 s, not 3 polls (0.3 s): on a loaded host the router's poll can lag the
+    # decision by more than that, which dropped the queue the engine had reported and sent the
+    # request to the cached (busy) engine
+    engines = {"metrics_interval_s": 0.1, "stale_after_s": 30, "timeout_s": 30}
+    with routed(slow, slow.replace(engine_id="e1"), engines=engines) as (url, handles):
         first = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1}, timeout=60)
         assert first.status_code == 200
         cached_on = 0 if generations(handles[0]) == 1 else 1
         busy = handles[cached_on]
 
-        def bypass(i: int) -> None:  # straight to the engine, not through the router
+        def bypass(i: int, max_tokens: int = 40) -> None:  # straight to the engine, not through the router
             httpx.post(f"{busy.url}/v1/completions", timeout=120,
-                       json={"model": "tiny", "prompt": f"other tenant {i} " * 150, "max_tokens": 40})
-        threads = [threading.Thread(target=bypass, args=(i,), daemon=True) for i in range(12)]
+                       json={"model": "tiny", "prompt": f"other tenant {i} " * 150, "max_tokens": max_tokens})
+
+        def running() -> int:
+            return int(httpx.get(f"{busy.url}/emulator/stats").json()["requests"]["running"])
+
+        def slowdown(factor: float) -> None:
+            assert httpx.post(f"{busy.url}/emulator/faults", json={"slowdown": factor}).status_code == 200
+
+        # The queue is made by construction and lasts until the decision is made: the engine's one
+        # slot is held by a request whose steps take 100 x longer (~30 s) while 11 more arrive,
+        # and the steps are sped up again only afterwards. (12 requests sent at once were seen to
+        # drain as they arrived, or while the test process stalled on a loaded host.)
+        bypass(99)  # finished first: the engine's counters give the mean prompt queued ones are priced at
+        slowdown(100)
+        blocker = threading.Thread(target=bypass, args=(100,), daemon=True)
+        blocker.start()
+        deadline = time.monotonic() + 20
+        while running() < 1:
+            assert time.monotonic() < deadline and blocker.is_alive(), "the blocker never ran"
+            time.sleep(0.01)
+        threads = [threading.Thread(target=bypass, args=(i,), daemon=True) for i in range(11)]
         for t in threads:
             t.start()
+        threads.append(blocker)
         deadline = time.monotonic() + 20
         pattern = f'pd_router_engine_external_load{{engine="e{cached_on}",kind="prefill_tokens"}}'
         while True:
@@ -121,6 +145,7 @@ def test_a_busy_engine_is_avoided_when_its_load_came_from_elsewhere() -> None:
         assert r.status_code == 200
         after = [generations(h) for h in handles]
         assert after[1 - cached_on] == before[1 - cached_on] + 1, (before, after)  # the idle one, cache or not
+        slowdown(1)
         for t in threads:
             t.join(timeout=120)
 

@@ -23,7 +23,7 @@ def completion(prompt, max_tokens=2):
     return {"model": "m", "prompt": prompt, "max_tokens": max_tokens}
 
 
-def wait_for(predicate, timeout=10.0):
+def wait_for(predicate, timeout=60.0):  # generous: a sidecar's process can take seconds to start on a loaded host
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -31,7 +31,7 @@ def wait_for(predicate, timeout=10.0):
         time.sleep(0.02)
 
 
-def settled(read, quiet_s=0.3, timeout=10.0):
+def settled(read, quiet_s=1.0, timeout=60.0):
     """``read()`` once it has not changed for ``quiet_s`` (events still in flight, or in a
     sidecar's next delta, would change it)."""
     deadline = time.monotonic() + timeout

@@ -74,7 +74,10 @@ def router(engines: list[realvllm.VllmEngine]) -> Iterator[str]:
         "instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
         "server": {"admin_token": TOKEN},
         "health": {"interval_s": 2},
-        "engines": {"metrics_interval_s": 0.2},
+        # On a loaded host (the engines share its cores) a scrape may take seconds: a reading
+        # counts for 10 s (not 3 polls), so a queue the engine reported does not vanish before a
+        # decision, and a slow /metrics is waited for rather than counted as a scrape error.
+        "engines": {"metrics_interval_s": 0.2, "stale_after_s": 10, "timeout_s": 10},
         "policy": {"seed": 1},
     })
     with ExitStack() as stack:
