@@ -88,10 +88,6 @@ def sidecar_cost(native_tables: bool = True, repeats: int = 3, messages: int | N
     ``2 * LAG`` (at most ``MAX_MEASURED``). 1e6 / this is the sidecar's ceiling on a core of its own."""
     if messages is not None and not 0 <= messages <= MAX_MEASURED:
         raise ValueError(f"messages must be in [0, {MAX_MEASURED}]")
-    from router.kvevents.apply import TableWriter
-    from router.kvevents.sidecar_wire import encode_delta
-    from router.kvevents.wire import decode_batch
-
     from router.state.precise_mirror import TrackedTable
 
     try:
@@ -103,19 +99,30 @@ def sidecar_cost(native_tables: bool = True, repeats: int = 3, messages: int | N
     pool = flood_payloads() if messages is None else flood_payloads(2 * LAG + MAX_MEASURED)
     # warm: the table reaches its steady size (after LAG messages removals find their blocks)
     warm, payloads = (pool, pool) if messages is None else (pool[:2 * LAG], pool[2 * LAG:2 * LAG + messages])
-    table = factory(1_000_000)
+    return apply_cost(factory(1_000_000), warm, payloads, repeats)
+
+
+def apply_cost(table: Any, warm: list[bytes], payloads: list[bytes], repeats: int) -> float:
+    """CPU microseconds per event of decoding ``payloads`` and applying them to ``table``
+    (after one pass over ``warm``), best of ``repeats``; a table that ships deltas
+    (``take_delta``) has one taken and encoded every 31 messages, as the sidecar does."""
+    from router.kvevents.apply import TableWriter
+    from router.kvevents.sidecar_wire import encode_delta
+    from router.kvevents.wire import decode_batch
+
     writer = TableWriter(table, "m", 16)
-    take = table.take_delta
+    take = getattr(table, "take_delta", None)
     for payload in warm:
         writer.apply_raw(decode_batch(payload)[1])
-    take()
+    if take is not None:
+        take()
     best = float("inf")
     for _ in range(repeats):
         t0 = time.process_time()
         for i, payload in enumerate(payloads):
             writer.apply_raw(decode_batch(payload)[1])
             table.fresh = True
-            if i % 31 == 30:
+            if take is not None and i % 31 == 30:
                 encode_delta("z0", 0, take(), 1)
         best = min(best, time.process_time() - t0)
     return best / (len(payloads) * PER_MESSAGE) * 1e6 if payloads else 0.0

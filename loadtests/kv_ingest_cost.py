@@ -86,10 +86,7 @@ def no_sockets(repeats: int = 5) -> dict[str, float]:
     """CPU µs per event of the flood's messages in this process, best of ``repeats``: the
     sidecar's path (decode, keys, its tables: C where built, a delta every 31 messages: 10 ms at
     100k/s) and the in-process one (``BlockTable``, no deltas)."""
-    from loadtests.kv_flood import PER_MESSAGE, flood_payloads
-    from router.kvevents.apply import TableWriter
-    from router.kvevents.sidecar_wire import encode_delta
-    from router.kvevents.wire import decode_batch
+    from loadtests.kv_flood import apply_cost, flood_payloads
     from router.state import precise_mirror
     from router.state.precise import BlockTable
 
@@ -101,23 +98,7 @@ def no_sockets(repeats: int = 5) -> dict[str, float]:
     except ImportError:
         sidecar_table = precise_mirror.TrackedTable
     for name, factory in (("sidecar_path_us", sidecar_table), ("in_process_us", BlockTable)):
-        table = factory(1_000_000)
-        writer = TableWriter(table, "m", 16)
-        take = getattr(table, "take_delta", None)
-        for payload in payloads:  # warm: the table reaches its steady size
-            writer.apply_raw(decode_batch(payload)[1])
-        if take is not None:
-            take()
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.process_time()
-            for i, payload in enumerate(payloads):
-                writer.apply_raw(decode_batch(payload)[1])
-                table.fresh = True
-                if take is not None and i % 31 == 30:
-                    encode_delta("z0", 0, take(), 1)
-            best = min(best, time.process_time() - t0)
-        out[name] = best / (len(payloads) * PER_MESSAGE) * 1e6
+        out[name] = apply_cost(factory(1_000_000), payloads, payloads, repeats)
     return out
 
 

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadtests import callgrind  # noqa: E402
 from loadtests.kv_flood import PER_MESSAGE  # noqa: E402
 from loadtests.overhead import router_source  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
@@ -39,14 +37,7 @@ sidecar_cost(sys.argv[1] == "native", repeats=1, messages=int(sys.argv[2]))
 
 def instructions(source: Path, native: bool, messages: int) -> int:
     """Instructions (Ir) of a whole interpreter run: warm-up, then ``messages`` messages."""
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c",
-                          _RUN, "native" if native else "python", str(messages), str(ROOT)],
-                         capture_output=True, text=True, check=True, cwd=source, timeout=1800,
-                         env={**os.environ, "PYTHONPATH": str(source)})  # the measured tree's router first
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-300:]}")
-    return int(found.group(1))
+    return callgrind.instructions(_RUN, ["native" if native else "python", str(messages), str(ROOT)], source, 1800)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

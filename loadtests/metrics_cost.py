@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from loadtests import callgrind  # noqa: E402
 from loadtests.overhead import router_source  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 
@@ -69,13 +67,7 @@ for _ in range(int(sys.argv[1])):  # builds before Metrics.engine: a child per r
 
 def instructions(source: Path, records: int) -> int:
     """Instructions (Ir) of a whole interpreter run recording ``records`` requests' samples."""
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                          sys.executable, "-c", _RECORDS, str(records)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(source)}, cwd=source, timeout=900)  # -c: cwd first on sys.path
-    found = re.search(r"Collected : (\d+)", out.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind: {out.stderr[-300:]}")
-    return int(found.group(1))
+    return callgrind.instructions(_RECORDS, [str(records)], source, 900)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
