@@ -63,6 +63,10 @@ static Py_ssize_t bulk(KeySet *s, PyObject *args, key_op op) {
         const char *p = (const char *)view.buf;
         for (Py_ssize_t j = start; j < stop; j++) {
             uint64_t k;
+            if (PREFETCH_AHEAD && j + PREFETCH_AHEAD < stop) {
+                memcpy(&k, p + 8 * (j + PREFETCH_AHEAD), 8);
+                prefetch_slot(&s->t, k, 1);
+            }
             memcpy(&k, p + 8 * j, 8);
             int r = op(&s->t, k);
             if (r < 0) {
@@ -139,7 +143,7 @@ static PyObject *KeySet_tolist(KeySet *s, PyObject *Py_UNUSED(ignored)) {
         return NULL;
     for (size_t j = 0; i < n && j < s->t.cap + 2; j++) { /* the flags' keys 0 and 1, then the slots */
         uint64_t k = j < 2 ? (uint64_t)j : s->t.slots[j - 2];
-        if (j < 2 ? !contains(&s->t, k) : k <= TOMB)
+        if (j < 2 ? !contains(&s->t, k) : k <= FLAG_MAX)
             continue;
         PyObject *v = PyLong_FromUnsignedLongLong(k);
         if (v == NULL) {
@@ -165,8 +169,6 @@ static PyObject *KeySet_sizeof(KeySet *s, PyObject *Py_UNUSED(ignored)) {
 }
 
 static PyObject *KeySet_get_capacity(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->t.cap); }
-
-static PyObject *KeySet_get_tombstones(KeySet *s, void *Py_UNUSED(closure)) { return PyLong_FromSize_t(s->t.tombs); }
 
 static Py_ssize_t KeySet_len(KeySet *s) { return (Py_ssize_t)(s->t.used + size_special(&s->t)); }
 
@@ -230,8 +232,13 @@ static PyObject *keyset_depth(PyObject *Py_UNUSED(module), PyObject *const *args
         if (get_keys_buffer(args[0], &view) < 0)
             return NULL;
         const char *p = (const char *)view.buf;
-        for (Py_ssize_t j = 0; j < view.len / 8; j++) {
+        Py_ssize_t n = view.len / 8;
+        for (Py_ssize_t j = 0; j < n; j++) {
             uint64_t k;
+            if (PREFETCH_AHEAD && j + PREFETCH_AHEAD < n) {
+                memcpy(&k, p + 8 * (j + PREFETCH_AHEAD), 8);
+                prefetch_slot(&gpu->t, k, 0);
+            }
             memcpy(&k, p + 8 * j, 8);
             if (contains(&gpu->t, k))
                 total += 1.0;
@@ -281,7 +288,6 @@ static PyMethodDef KeySet_methods[] = {
 
 static PyGetSetDef KeySet_getset[] = {
     {"capacity", (getter)KeySet_get_capacity, NULL, "slots in the table", NULL},
-    {"tombstones", (getter)KeySet_get_tombstones, NULL, "removed slots not yet reused", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

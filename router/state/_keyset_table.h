@@ -1,10 +1,11 @@
 /* The hash table behind router.state._keyset.KeySet (state layer): uint64 keys, open
- * addressing with linear probing over a power-of-two array of slots. 0 marks an empty slot
- * and 1 a removed one (a tombstone, reused by a later insert), so the keys 0 and 1
- * themselves are flags beside the array. It grows when live + tombstone slots would pass
- * 3/4 (rehashing to a load of at most 1/2, which drops every tombstone) and shrinks when
- * live keys fall under 1/8: memory follows what it holds, within a factor of 8, never
- * less than MIN_CAP slots. Included by _keyset.c only (needs Python.h for PyMem_*).
+ * addressing with linear probing over a power-of-two array of slots, removals by backward
+ * shift (no tombstones: a churning set never walks past dead slots, nor rehashes to drop
+ * them). 0 marks an empty slot, so the keys 0 and 1 (1 marked removed slots once) are
+ * flags beside the array. It grows when live keys would pass 3/4 (rehashing to a load of
+ * at most 1/2) and shrinks when they fall under 1/8: memory follows what it holds, within
+ * a factor of 8, never less than MIN_CAP slots. Included by _keyset.c and _tracked.c
+ * (needs Python.h for PyMem_*).
  */
 #ifndef PD_ROUTER_KEYSET_TABLE_H
 #define PD_ROUTER_KEYSET_TABLE_H
@@ -12,7 +13,7 @@
 #include <stdint.h>
 
 #define EMPTY ((uint64_t)0)
-#define TOMB ((uint64_t)1)
+#define FLAG_MAX ((uint64_t)1) /* keys 0 .. FLAG_MAX are flags, not slots */
 #define MIN_CAP ((size_t)16)
 #define HAS_ZERO 1u
 #define HAS_ONE 2u
@@ -21,7 +22,6 @@ typedef struct {
     uint64_t *slots;
     size_t cap;   /* a power of two >= MIN_CAP */
     size_t used;  /* live keys in slots (not counting 0 and 1) */
-    size_t tombs; /* tombstones in slots */
     unsigned int special;
 } KeyTable;
 
@@ -34,12 +34,33 @@ static inline size_t mix(uint64_t k) { /* murmur3's finalizer: sequential keys s
     return (size_t)k;
 }
 
+/* Start loading the slot where k's probe begins: bulk updates and depth() issue it a few
+ * keys ahead, so the cache misses of a large table overlap instead of queueing one by one
+ * (a hint only: it never faults and changes nothing). */
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH_AHEAD 8
+static inline void prefetch_slot(const KeyTable *s, uint64_t k, int write) {
+    const uint64_t *at = &s->slots[mix(k) & (s->cap - 1)];
+    if (write)
+        __builtin_prefetch(at, 1, 3);
+    else
+        __builtin_prefetch(at, 0, 3);
+}
+#else
+#define PREFETCH_AHEAD 0
+static inline void prefetch_slot(const KeyTable *s, uint64_t k, int write) {
+    (void)s;
+    (void)k;
+    (void)write;
+}
+#endif
+
 static inline size_t size_special(const KeyTable *s) {
     return (size_t)((s->special & HAS_ZERO) != 0) + (size_t)((s->special & HAS_ONE) != 0);
 }
 
 static inline int contains(const KeyTable *s, uint64_t k) {
-    if (k <= TOMB)
+    if (k <= FLAG_MAX)
         return (s->special & (k == EMPTY ? HAS_ZERO : HAS_ONE)) != 0;
     size_t mask = s->cap - 1, i = mix(k) & mask;
     for (;;) {
@@ -76,7 +97,7 @@ static int rehash(KeyTable *s, size_t cap) {
     size_t mask = cap - 1;
     for (size_t j = 0; j < s->cap; j++) {
         uint64_t k = s->slots[j];
-        if (k > TOMB) {
+        if (k > FLAG_MAX) {
             size_t i = mix(k) & mask;
             while (fresh[i] != EMPTY)
                 i = (i + 1) & mask;
@@ -86,44 +107,38 @@ static int rehash(KeyTable *s, size_t cap) {
     PyMem_Free(s->slots);
     s->slots = fresh;
     s->cap = cap;
-    s->tombs = 0;
     return 0;
 }
 
 /* 1 if added, 0 if it was there, -1 on a memory error (the set unchanged). */
 static int insert(KeyTable *s, uint64_t k) {
-    if (k <= TOMB) {
+    if (k <= FLAG_MAX) {
         unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
         int added = (s->special & bit) == 0;
         s->special |= bit;
         return added;
     }
-    if ((s->used + s->tombs + 1) * 4 > s->cap * 3 && rehash(s, cap_for(s->used + 1)) < 0)
+    if ((s->used + 1) * 4 > s->cap * 3 && rehash(s, cap_for(s->used + 1)) < 0)
         return -1;
-    size_t mask = s->cap - 1, i = mix(k) & mask, tomb = SIZE_MAX;
+    size_t mask = s->cap - 1, i = mix(k) & mask;
     for (;;) {
         uint64_t v = s->slots[i];
         if (v == k)
             return 0;
         if (v == EMPTY)
             break;
-        if (v == TOMB && tomb == SIZE_MAX)
-            tomb = i;
         i = (i + 1) & mask;
-    }
-    if (tomb != SIZE_MAX) {
-        i = tomb;
-        s->tombs--;
     }
     s->slots[i] = k;
     s->used++;
     return 1;
 }
 
-/* 1 if removed, 0 if it was not there. A slot followed by an empty one ends no probe
- * chain but its own, so it becomes empty instead of a tombstone. */
+/* 1 if removed, 0 if it was not there. Backward shift: each later key of the probe run
+ * whose home is not cyclically in (hole, its slot] moves into the hole, so no tombstone is
+ * left and a probe never walks past a dead slot. */
 static int erase(KeyTable *s, uint64_t k) {
-    if (k <= TOMB) {
+    if (k <= FLAG_MAX) {
         unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
         int had = (s->special & bit) != 0;
         s->special &= ~bit;
@@ -138,12 +153,18 @@ static int erase(KeyTable *s, uint64_t k) {
             return 0;
         i = (i + 1) & mask;
     }
-    if (s->slots[(i + 1) & mask] == EMPTY) {
-        s->slots[i] = EMPTY;
-    } else {
-        s->slots[i] = TOMB;
-        s->tombs++;
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+        uint64_t v = s->slots[j];
+        if (v == EMPTY)
+            break;
+        size_t home = mix(v) & mask;
+        if (((j - home) & mask) >= ((j - hole) & mask)) { /* home is not in (hole, j]: v may move back */
+            s->slots[hole] = v;
+            hole = j;
+        }
     }
+    s->slots[hole] = EMPTY;
     s->used--;
     return 1;
 }
@@ -163,7 +184,7 @@ static int reset(KeyTable *s) {
     PyMem_Free(s->slots);
     s->slots = fresh;
     s->cap = MIN_CAP;
-    s->used = s->tombs = 0;
+    s->used = 0;
     s->special = 0;
     return 0;
 }

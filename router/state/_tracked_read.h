@@ -153,11 +153,11 @@ static PyObject *take_keys(KeyTable *s) {
     if (raw == NULL)
         return NULL;
     char *p = PyBytes_AS_STRING(raw);
-    for (uint64_t k = 0; k <= TOMB; k++)
+    for (uint64_t k = 0; k <= FLAG_MAX; k++)
         if (contains(s, k))
             memcpy(p + 8 * i++, &k, 8);
     for (size_t j = 0; j < s->cap; j++)
-        if (s->slots[j] > TOMB)
+        if (s->slots[j] > FLAG_MAX)
             memcpy(p + 8 * i++, &s->slots[j], 8);
     PyObject *out = PyObject_CallFunction(array_type, "sO", "Q", raw);
     Py_DECREF(raw);
@@ -176,7 +176,7 @@ static PyObject *take_keys(KeyTable *s) {
     } else {
         memset(s->slots, 0, s->cap * sizeof(uint64_t));
     }
-    s->used = s->tombs = 0;
+    s->used = 0;
     s->special = 0;
     return out;
 }
