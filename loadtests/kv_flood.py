@@ -181,9 +181,12 @@ def describe(request_rate: float, rounds: int, duration: float) -> str:
             "blocks (64 token ids), half BlockRemoved of 4 (blocks stored 512 messages before). `in-process`: "
             "decoding and tables on the router's event loop (`kv_events.sidecar: false`, the default); `sidecar`: "
             "in the router's child process, on its engine-block tables in C (`router/state/_tracked.c`: blocks, key "
-            "refcounts and netted key changes, one call per event), the loop applying only changed key sets, in "
-            "slices of 2,048 key changes per callback, to the C extension's uint64 sets (`router/state/_keyset.c`); "
-            "`sidecar-python-sets`: the same with Python sets on the loop (`kv_events.native_key_sets: false`); "
+            "refcounts and netted key changes, one call per event), which writes the held keys into shared memory "
+            "the loop reads in place (`router/state/_keyset_shared.h`, the default where it is possible); "
+            "`sidecar-deltas`: the sidecar ships the changed key sets instead and the loop applies them, in "
+            "slices of 2,048 key changes per callback, to the C extension's uint64 sets (`router/state/_keyset.c`; "
+            "`kv_events.shared_tables: false`); "
+            "`sidecar-python-sets`: deltas applied to Python sets on the loop (`kv_events.native_key_sets: false`); "
             "`sidecar-python-tables`: Python tables in the sidecar (`kv_events.native_tables: false`). The layouts "
             "(`taskset`, every thread of a process) are listed below the table; other tenants of the machine still run on both cores. Each round runs, per router: none, 50k/s, "
             "none (A/A), 100k/s; "
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     from router.state.precise_native import table_kind
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"], choices=["in-process", "sidecar", "sidecar-python-sets", "sidecar-python-tables"])
+    p.add_argument("--modes", nargs="+", default=["sidecar", "in-process"],
+                   choices=["in-process", "sidecar", "sidecar-deltas", "sidecar-python-sets", "sidecar-python-tables"])
     p.add_argument("--layouts", nargs="+", default=["flood-apart", "unpinned"],
                    choices=["flood-apart", "router-alone", "unpinned"], help="which cores run what (kv_flood_rounds)")
     p.add_argument("--events-per-s", type=int, nargs="+", default=[50_000, 100_000])

@@ -134,6 +134,7 @@ def run_mode(mode: str, layout: Layout, backends: list[str], rates: list[int], r
               "kv_events": {"enabled": True, "discover": False, "sidecar": mode.startswith("sidecar"),
                             "native_key_sets": mode != "sidecar-python-sets",
                             **({"native_tables": False} if mode == "sidecar-python-tables" else {}),
+                            **({"shared_tables": False} if mode == "sidecar-deltas" else {}),
                             "sources": {"z0": {"endpoint": f"tcp://*:{port}", "topic": "kv"}}}}
     order = [0]  # none, first flood, none (A/A), the other floods
     for i, rate in enumerate(r for r in rates if r > 0):

@@ -82,6 +82,10 @@ class KVEventsConfig(_Strict):
     native_key_sets: bool = Field(default=True, description="with the sidecar, the loop's key sets are the C "
                                   "extension router.state._keyset's where it was built (GET /debug/kv_events: "
                                   "key_sets); false, or not built: Python sets, ~4x the loop's CPU per key change")
+    shared_tables: bool = Field(default=True, description="with the sidecar, the tables are in shared memory "
+                                "that the sidecar writes and the loop reads in place, so KV events cost the router's "
+                                "process nothing (Linux, with native key sets; GET /debug/kv_events: mirror); false, "
+                                "or not possible: the sidecar ships changed key sets that the loop applies")
     native_tables: bool = Field(default=True, description="the sidecar's engine-block tables are the C extension "
                                 "router.state._tracked's where it was built (GET /debug/kv_events: tables); false, "
                                 "or not built: Python tables, ~2.4x the sidecar's CPU per event")

@@ -6,8 +6,6 @@ the engines report, and returns the ingestion whose lifecycle the app runs.
 
 from __future__ import annotations
 
-import functools
-
 from prometheus_client import CollectorRegistry
 
 from router.config.model import RouterConfig
@@ -15,9 +13,8 @@ from router.core.instances import InstancePool
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.metrics import KVEventsCollector
 from router.state.base import StateStore
-from router.kvevents.sidecar import SidecarIngest
+from router.kvevents.sidecar import SidecarIngest, mirror_factory
 from router.state.precise import BlockTable, EventResidency
-from router.state.precise_mirror import MirrorTable
 from router.state.precise_store import PreciseStore
 
 __all__ = ["KVEventIngest", "precise_store", "uses_bind"]
@@ -45,8 +42,7 @@ def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
     if not kv.enabled:
         return store, None
     residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
-                               factory=functools.partial(MirrorTable, native=kv.native_key_sets) if kv.sidecar
-                               else BlockTable)
+                               factory=mirror_factory(kv) if kv.sidecar else BlockTable)
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
                            default_cap=max(caps.values(), default=8192))

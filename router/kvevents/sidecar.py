@@ -4,9 +4,11 @@ Decoding the engines' batches and hashing their token ids into router keys costs
 microseconds per event; at 100k events/s that is half a core, taken on the event loop
 in slices that every request then waits behind. Here the sockets, the sequence checks
 and replays, decoding and the engine-block tables run in ``router.kvevents.sidecar_main``
-and the loop only applies what changed: per table, the router keys that became held or
-not held since the last shipment (``router.state.precise_mirror``), every 10 ms while
-events flow, in slices of ``SLICE_KEYS`` key changes per loop callback. Stale, gap and
+and the loop only reads the tables: in shared memory the sidecar writes in place
+(``router.state.shared_mirror``; Linux with the C extension, ``kv_events.shared_tables``),
+else applying what changed: per table, the router keys that became held or not held
+since the last shipment (``router.state.precise_mirror``), every 10 ms while events
+flow, in slices of ``SLICE_KEYS`` key changes per loop callback. Stale, gap and
 restart handling is the same code as in-process, run there; each delta names the
 generation of its instance's subscription, so none outlives the subscription it was for.
 
@@ -22,32 +24,53 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
+import os
 import socket
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from router.config.model import RouterConfig
 from router.core.instances import InstancePool
 from router.kvevents.apply import ApplyCounters, TableWriter
 from router.kvevents.ingest import KVEventIngest, _Subscription
+from router.config.precise import KVEventsConfig
 from router.kvevents.sidecar_wire import (
-    ADD, CONFIG, DELTA, ERROR, OPENED, REMOVE, STATS, ChannelError, DeltaFrame, FrameReader, decode_delta, json_frame,
+    ADD, CONFIG, DELTA, ERROR, OPENED, REMOVE, SEGMENT, STATS, ChannelError, DeltaFrame, FrameReader, decode_delta,
+    json_frame,
 )
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
 from router.state.precise_mirror import MirrorTable, delta_changes, key_sets
 from router.state.precise_native import table_kind
+from router.state.shared_mirror import SharedMirrorTable, map_segment, shared_tables
 
 log = logging.getLogger(__name__)
 
 _RESTART_S, _MAX_RESTART_S, _STABLE_S = 0.5, 10.0, 30.0
 _READ_CHUNK = 1 << 20  # per readiness callback; reading pauses while what was read is being applied
+_MAX_FDS = 64  # segment descriptors per read (one read never spans two sends that carry some)
 # Key changes applied per loop callback (~0.1-0.2 ms of set operations): a decision waits
 # behind at most one slice, however large the delta (a resync ships a whole table).
 SLICE_KEYS = 2048
+
+
+def mirror_kind(kv: KVEventsConfig) -> Literal["shared", "deltas"]:
+    """How the sidecar's tables reach the loop: shared memory where asked and possible
+    (native key sets, Linux), else deltas the loop applies."""
+    if not kv.native_key_sets or key_sets(True) != "native":
+        return "deltas"
+    return shared_tables(kv.shared_tables)
+
+
+def mirror_factory(kv: KVEventsConfig) -> Callable[[int], MirrorTable]:
+    """The router's tables of a sidecar's (``EventResidency``'s factory)."""
+    kind = SharedMirrorTable if mirror_kind(kv) == "shared" else MirrorTable
+    return functools.partial(kind, native=kv.native_key_sets)
 
 
 def _sum(a: Any, b: Any) -> Any:
@@ -92,6 +115,8 @@ class SidecarIngest(KVEventIngest):
         self.restarts = 0  # sidecars started after the first
         self.key_sets = key_sets(self._kv.native_key_sets)  # the mirrors': "native" (router.state._keyset) or "python"
         self.tables = table_kind(self._kv.native_tables)  # the sidecar's: "native" (router.state._tracked) or "python"
+        self.mirror = mirror_kind(self._kv)  # "shared" (memory the sidecar writes) or "deltas" (applied here)
+        self._fds: collections.deque[int] = collections.deque()  # received with segment frames not yet read
 
     # -- the process ---------------------------------------------------------------------
     async def _open(self) -> None:
@@ -105,6 +130,8 @@ class SidecarIngest(KVEventIngest):
             log.warning("kv events: the sidecar's tables are Python (%s): ~2.4x its CPU per event",
                         "kv_events.native_tables is false" if not self._kv.native_tables
                         else "router.state._tracked was not built: no C compiler at install time")
+        if self.mirror == "shared":
+            log.info("kv events: the sidecar writes the tables in shared memory the loop reads in place")
         await self._spawn()
         self._tasks.append(asyncio.create_task(self._watch(), name="pd-router-kv-sidecar"))
 
@@ -126,7 +153,7 @@ class SidecarIngest(KVEventIngest):
                   "kv_events": self._kv.model_dump(mode="json"),
                   "health": self._config.health.model_dump(mode="json")}
         self._send(json_frame(CONFIG, {"config": config, "log_level": logging.getLogger().getEffectiveLevel(),
-                                       "may_bind": self._may_bind}))
+                                       "may_bind": self._may_bind, "shared": self.mirror == "shared"}))
         for sid, view in self._views.items():
             self._send_add(sid, view.source.spec, view.gen)
         log.info("kv events: sidecar process %d started", self._proc.pid)
@@ -175,6 +202,11 @@ class SidecarIngest(KVEventIngest):
                 table.fresh = False
 
     def _stop_reading(self) -> None:
+        for kind, item in self._pending:
+            if kind == SEGMENT:
+                os.close(item[1])
+        while self._fds:
+            os.close(self._fds.popleft())
         self._pending.clear()
         self._head_done = 0
         if self._drain_handle is not None:
@@ -239,17 +271,27 @@ class SidecarIngest(KVEventIngest):
         if sock is None:
             return
         try:
-            data = sock.recv(_READ_CHUNK)
+            data, fds, flags, _addr = socket.recv_fds(sock, _READ_CHUNK, _MAX_FDS)
         except BlockingIOError:
             return
         except OSError:
-            data = b""
+            data, fds, flags = b"", [], 0
+        self._fds.extend(fds)
         if not data:  # the sidecar closed its end: _watch restarts it
             self._stop_reading()
             return
         try:
+            if flags & socket.MSG_CTRUNC:
+                raise ChannelError("segment descriptors were cut off")
             for kind, body in self._frames.feed(data):
-                self._pending.append((kind, decode_delta(body) if kind == DELTA else _json(body)))
+                if kind == DELTA:
+                    self._pending.append((kind, decode_delta(body)))
+                elif kind == SEGMENT:
+                    if not self._fds:
+                        raise ChannelError("a segment frame without its descriptor")
+                    self._pending.append((kind, (_json(body), self._fds.popleft())))
+                else:
+                    self._pending.append((kind, _json(body)))
         except (ChannelError, ValueError, KeyError) as exc:
             self._unreadable(exc)
             return
@@ -276,8 +318,12 @@ class SidecarIngest(KVEventIngest):
                 self._head_done = 0
             else:
                 try:
+                    if kind == SEGMENT:
+                        pending.popleft()  # its descriptor is _attach's now
+                        self._attach(*item)
+                        continue
                     self._on_message(kind, item)
-                except (KeyError, ValueError, TypeError) as exc:
+                except (KeyError, ValueError, TypeError, OSError) as exc:
                     self._unreadable(exc)
                     return
             pending.popleft()
@@ -296,6 +342,19 @@ class SidecarIngest(KVEventIngest):
         self._stop_reading()
         if self._proc is not None and self._proc.returncode is None:
             self._proc.kill()
+
+    def _attach(self, obj: dict[str, Any], fd: int) -> None:
+        """A table's new segment: mapped and read from now on, unless its subscription is
+        closed (``map_segment`` closes the descriptor either way)."""
+        instance, rank, gen = str(obj["instance"]), int(obj["rank"]), int(obj["gen"])
+        table = self.residency.table(instance, rank) if self._gens.get(instance) == gen else None
+        if not isinstance(table, SharedMirrorTable):
+            os.close(fd)
+            if table is not None:
+                raise ChannelError("a segment for a table that is not shared")
+            return
+        mm, keys = map_segment(fd)
+        table.attach(mm, keys)
 
     def _on_message(self, kind: bytes, obj: dict[str, Any]) -> None:
         if kind == STATS:

@@ -4,7 +4,9 @@ It runs the very ingestion the router runs in-process (``KVEventIngest``'s socke
 ``Source``'s sequence checks and replays, ``TableWriter``) over tables that note their
 changes (``router.state.precise_native``: in C where built, else ``TrackedTable``), and
 every ``FLUSH_S`` (``IDLE_FLUSH_S`` after a flush with nothing to send) writes the
-tables' deltas to the socket ``FD``; its counters go every
+tables' deltas to the socket ``FD`` (or, with shared tables, applies them to the tables'
+shared-memory segments, sending a segment's descriptor when it makes a new one); its
+counters go every
 ``STATS_S``. Commands (the config, then sources to open) come framed on stdin; stdin's
 end (the router closed it, or died) ends the process, so a sidecar never outlives its
 router.
@@ -33,10 +35,11 @@ import zmq
 from router.config.model import RouterConfig, load_config
 from router.core.instances import InstancePool
 from router.kvevents.ingest import KVEventIngest
-from router.kvevents.sidecar_wire import ADD, CONFIG, ERROR, OPENED, REMOVE, STATS, encode_delta, json_frame
+from router.kvevents.sidecar_wire import ADD, CONFIG, ERROR, OPENED, REMOVE, SEGMENT, STATS, encode_delta, json_frame
 from router.kvevents.source import Source, SourceSpec
 from router.state.precise import EventResidency
 from router.state.precise_native import Tracked, table_kind, tracked_table
+from router.state.shared_mirror import SegmentWriter
 
 log = logging.getLogger("router.kvevents.sidecar")
 
@@ -64,8 +67,10 @@ class _ChildIngest(KVEventIngest):
 
 
 class Sidecar:
-    def __init__(self, config: RouterConfig, out: socket.socket, may_bind: bool = True) -> None:
+    def __init__(self, config: RouterConfig, out: socket.socket, may_bind: bool = True, shared: bool = False) -> None:
         kv = config.kv_events
+        self.shared = shared  # the router reads the tables in shared memory (it asked: it checked it can)
+        self.writers: dict[tuple[str, int], SegmentWriter] = {}
         self.tables = table_kind(kv.native_tables)  # "native" (router.state._tracked) or "python"
         self.residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
                                         factory=tracked_table(kv.native_tables))
@@ -88,20 +93,39 @@ class Sidecar:
         await self.ingest.remove_instance(instance)
         self.sources = {sid: s for sid, s in self.sources.items() if s.spec.instance != instance}
         self.gens.pop(instance, None)
+        for key in [k for k in self.writers if k[0] == instance]:
+            self.writers.pop(key).close()
 
     def flush(self) -> bool:
-        """Every table's changes since the last flush, one frame each; False when there were none."""
-        chunks = []
+        """Every table's changes since the last flush, one frame each (or applied to its
+        segment, a new one sent when made); False when there were none."""
+        chunks, segments, changed = [], [], False
         for instance in self.residency.instances():
             gen = self.gens.get(instance, 0)
             for rank, table in self.residency.tables(instance).items():
                 assert isinstance(table, Tracked)
                 delta = table.take_delta()
-                if delta is not None:
+                if delta is None:
+                    continue
+                changed = True
+                if not self.shared:
                     chunks.append(encode_delta(instance, rank, delta, gen))
+                    continue
+                writer = self.writers.get((instance, rank))
+                if writer is None:
+                    writer = self.writers[(instance, rank)] = SegmentWriter()
+                fd = writer.ship(delta)
+                if fd is not None:
+                    segments.append((json_frame(SEGMENT, {"instance": instance, "rank": rank, "gen": gen}), fd))
         if chunks:
             self._out.sendall(b"".join(chunks))
-        return bool(chunks)
+        try:
+            for frame, fd in segments:  # the router maps it; this process keeps its own mapping
+                socket.send_fds(self._out, [frame], [fd])
+        finally:
+            for _frame, fd in segments:
+                os.close(fd)
+        return changed
 
     def send_stats(self) -> None:
         """The counters, after the deltas of every event they count (the router reads the
@@ -138,7 +162,7 @@ async def run(out_fd: int) -> None:
     config = child_config(first["config"])
     if config.kv_events.sidecar_nice:
         os.nice(config.kv_events.sidecar_nice)
-    sidecar = Sidecar(config, out, bool(first.get("may_bind", True)))
+    sidecar = Sidecar(config, out, bool(first.get("may_bind", True)), bool(first.get("shared", False)))
 
     def flush() -> None:
         try:

@@ -5,7 +5,10 @@ table deltas (``DELTA``, binary: a fixed header with the generation of the insta
 subscription, the table's instance name, then four packed uint64 key arrays, so the loop
 decodes them with ``array.frombytes`` and applies them with set operations), a few times
 a second its counters (``STATS``, JSON; always after the deltas they count), and per
-source ``OPENED`` or ``ERROR`` (JSON): whether its socket could be opened. The router
+source ``OPENED`` or ``ERROR`` (JSON): whether its socket could be opened. With shared
+tables (``router.state.shared_mirror``) there are no deltas: a ``SEGMENT`` frame (JSON:
+instance, rank, generation) carries, as ancillary data (``SCM_RIGHTS``), the file
+descriptor of a table's new shared-memory segment. The router
 sends JSON commands (``CONFIG`` first, then ``ADD`` per source with its subscription's
 generation, ``REMOVE`` per instance that left) on the sidecar's stdin with the same
 framing.
@@ -20,7 +23,7 @@ from typing import Any, NamedTuple
 
 from router.state.precise_mirror import TableDelta
 
-DELTA, STATS, OPENED, ERROR, CONFIG, ADD, REMOVE = b"D", b"S", b"O", b"E", b"C", b"A", b"R"
+DELTA, STATS, OPENED, ERROR, CONFIG, ADD, REMOVE, SEGMENT = b"D", b"S", b"O", b"E", b"C", b"A", b"R", b"G"
 
 _FRAME = struct.Struct("<Ic")
 _DELTA = struct.Struct("<HIIBBQQIIII")  # name length, rank, generation, fresh, reset, size, overflow, 4 array lengths

@@ -311,9 +311,13 @@ static PyTypeObject KeySetType = {
     .tp_new = KeySet_new,
 };
 
+#include "_keyset_shared_type.h"
+
 static PyMethodDef module_methods[] = {
     {"depth", (PyCFunction)(void (*)(void))keyset_depth, METH_FASTCALL,
      "depth(keys, gpu, offload, cpu_weight) -> float: leading keys held, an offloaded one counting cpu_weight"},
+    {"shared_size", (PyCFunction)shared_size, METH_VARARGS,
+     "shared_size(cap_gpu, cap_offload) -> int: the bytes of a SharedKeys segment"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -323,14 +327,13 @@ static struct PyModuleDef keyset_module = {
 };
 
 PyMODINIT_FUNC PyInit__keyset(void) {
-    if (PyType_Ready(&KeySetType) < 0)
+    if (PyType_Ready(&KeySetType) < 0 || PyType_Ready(&SharedKeysType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&keyset_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&KeySetType);
-    if (PyModule_AddObject(m, "KeySet", (PyObject *)&KeySetType) < 0) {
-        Py_DECREF(&KeySetType);
+    if (PyModule_AddObjectRef(m, "KeySet", (PyObject *)&KeySetType) < 0 ||
+        PyModule_AddObjectRef(m, "SharedKeys", (PyObject *)&SharedKeysType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -12,6 +12,7 @@ from router.gateway.app import create_app
 from router.request.hashing import root_seed, token_block_keys
 from router.state.precise_mirror import NATIVE_BUILT
 from router.state.precise_native import NATIVE_TABLES_BUILT
+from router.state.shared_mirror import shared_tables
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.launch import start_in_thread
 from servers import free_port, serve_app
@@ -189,6 +190,7 @@ def test_an_instance_that_leaves_is_unsubscribed_and_one_back_at_another_address
         assert [s["instance"] for s in doc["sources"]] == ["a"] and "b" not in doc["instances"]
         assert doc["key_sets"] == (("native" if NATIVE_BUILT else "python") if sidecar else None)
         assert doc["tables"] == (("native" if NATIVE_TABLES_BUILT else "python") if sidecar else None)
+        assert doc["mirror"] == ((shared_tables() if NATIVE_BUILT else "deltas") if sidecar else None)
         applied_a = ingest.sources[0].writer.counters.events
         assert httpx.post(f"{b.url}/v1/completions", json=completion(prompt + " again"), timeout=30).status_code == 200
         assert httpx.post(f"{a.url}/v1/completions", json=completion("a marker " * 40), timeout=30).status_code == 200

@@ -7,13 +7,14 @@ import os
 import signal
 
 import httpx
+import pytest
 import zmq
 import zmq.asyncio
 
 from router.config.model import load_config
 from router.core.instances import InstancePool
 from router.kvevents import precise_store
-from router.kvevents.sidecar import SidecarIngest
+from router.kvevents.sidecar import SidecarIngest, mirror_kind
 from router.kvevents.source import SourceSpec
 from router.state.memory import MemoryStore
 from helpers import cleared, frames, keys, prompt, stored
@@ -35,7 +36,7 @@ class Flood:
     """A bound PUB and a sidecar ingestion subscribed to it (through ``precise_store``,
     as the app builds it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = True) -> None:
         self.port = free_port()
         self.ctx = zmq.asyncio.Context()
         self.pub = self.ctx.socket(zmq.PUB)
@@ -43,7 +44,7 @@ class Flood:
         config = load_config(overrides={
             "instances": [{"url": "http://127.0.0.1:9000", "name": "a", "model": "m"}],
             "hashing": {"mode": "tokens"},
-            "kv_events": {"enabled": True, "discover": False, "sidecar": True,
+            "kv_events": {"enabled": True, "discover": False, "sidecar": True, "shared_tables": shared,
                           "sources": {"a": {"endpoint": f"tcp://*:{self.port}", "topic": "kv"}}},
         })
         _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
@@ -74,8 +75,10 @@ class Flood:
             await asyncio.sleep(0.05)
 
 
-async def test_events_applied_in_the_sidecar_reach_the_mirror_and_the_counters():
-    async with Flood() as f:
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "deltas"])
+async def test_events_applied_in_the_sidecar_reach_the_mirror_and_the_counters(shared):
+    async with Flood(shared) as f:
+        assert f.ingest.mirror == (mirror_kind(f.ingest._kv) if shared else "deltas")
         await f.start_at_zero()
         await f.send(1, {"type": "BlockRemoved", "block_hashes": [3], "medium": "GPU"})
         await until(lambda: f.residency.matched(K, ["a"]) == {"a": 2})
@@ -96,8 +99,9 @@ async def test_a_gap_seen_in_the_sidecar_makes_the_instance_stale_until_all_bloc
         await until(lambda: f.ingest.sources[0].counters.gaps == 1 and f.ingest.sources[0].counters.resyncs == 1)
 
 
-async def test_a_sidecar_that_dies_is_restarted_and_the_instance_resyncs():
-    async with Flood() as f:
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "deltas"])
+async def test_a_sidecar_that_dies_is_restarted_and_the_instance_resyncs(shared):
+    async with Flood(shared) as f:
         await f.start_at_zero()
         source = f.ingest.sources[0]
         await until(lambda: source.counters.batches >= 1)

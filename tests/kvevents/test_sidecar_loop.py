@@ -1,9 +1,12 @@
 """The loop's side of the sidecar channel, driven through a real socketpair: over random
 event streams its mirror tables hold what in-process ingestion holds, whatever the slice
 size and however the bytes split; a big delta is applied in slices other tasks run
-between; a delta of a closed subscription never lands, also once the instance is back."""
+between; a delta of a closed subscription never lands, also once the instance is back.
+With shared tables, the same through segments whose descriptors cross the socket."""
 
 import asyncio
+import json
+import os
 import random
 import socket
 
@@ -15,13 +18,14 @@ from router.core.instances import InstancePool
 from router.kvevents import precise_store
 from router.kvevents.apply import TableWriter
 from router.kvevents.sidecar import SidecarIngest
-from router.kvevents.sidecar_wire import STATS, encode_delta, json_frame
+from router.kvevents.sidecar_wire import SEGMENT, STATS, encode_delta, json_frame
 from router.kvevents.source import SourceSpec
 from router.kvevents.wire import decode_batch
 from router.state.memory import MemoryStore
 from router.state.precise import BlockTable
 from router.state.precise_mirror import MirrorTable, TableDelta
 from router.state.precise_native import Tracked, tracked_table
+from router.state.shared_mirror import SegmentWriter, SharedMirrorTable, shared_tables
 from array import array
 from helpers import batch, cleared, keys, prompt, removed, stored
 
@@ -30,11 +34,12 @@ class Channel:
     """A ``SidecarIngest`` with no process: the test plays the sidecar on the other end of
     the socketpair the loop reads, as ``_spawn`` would have set it up."""
 
-    def __init__(self, native_key_sets: bool = True) -> None:
+    def __init__(self, native_key_sets: bool = True, shared: bool = False) -> None:
         config = load_config(overrides={
             "instances": [{"url": "http://127.0.0.1:9000", "name": "a", "model": "m"}],
             "hashing": {"mode": "tokens"},
             "kv_events": {"enabled": True, "discover": False, "sidecar": True, "native_key_sets": native_key_sets,
+                          "shared_tables": shared,
                           "sources": {"a": {"endpoint": "tcp://127.0.0.1:1", "topic": "kv"}}},
         })
         _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
@@ -66,6 +71,16 @@ class Channel:
         while self.ingest.receive_errors != self.marks:
             assert asyncio.get_running_loop().time() < deadline, "the loop never applied what was sent"
             await asyncio.sleep(0.001)
+
+    async def send_segment(self, fd: int, gen: int = 1, rank: int = 0) -> None:
+        """A table's new segment, as the sidecar sends it: the frame with its descriptor."""
+        frame = json_frame(SEGMENT, {"instance": "a", "rank": rank, "gen": gen})
+        while True:
+            try:
+                socket.send_fds(self.theirs, [frame], [fd])
+                return
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
 
     def close(self) -> None:
         self.ingest._stop_reading()
@@ -205,6 +220,122 @@ def test_the_child_sends_its_counters_after_the_deltas_they_count_tagged_with_th
         assert [kind for kind, _ in got] == [DELTA, STATS]
         frame = decode_delta(got[0][1])
         assert (frame.instance, frame.gen, list(frame.delta.added_gpu), frame.delta.fresh) == ("a", 7, [42], True)
+    finally:
+        ours.close()
+        theirs.close()
+
+
+needs_shared = pytest.mark.skipif(shared_tables() != "shared", reason="needs the C extension and memfd_create")
+
+
+@needs_shared
+@pytest.mark.parametrize("seed", range(6))
+async def test_shared_segments_sent_with_their_descriptors_hold_what_in_process_ingestion_holds(seed, native_tables):
+    """With shared tables the test plays the sidecar writing segments in place and sending
+    each new one's descriptor; between reads the loop's table holds what in-process
+    ingestion holds."""
+    rng = random.Random(seed)
+    ch, writer = Channel(shared=True), SegmentWriter()
+    try:
+        assert ch.ingest.mirror == "shared" and isinstance(ch.mirror(), SharedMirrorTable)
+        reference = TableWriter(BlockTable(200), "m", 16)
+        tracked = TableWriter(tracked_table(native_tables)(200), "m", 16)
+        live: list[tuple[int, list[int]]] = []
+        next_hash = [1]
+        probes = [keys(prompt(64, seed=s)) for s in range(40)]
+        segments = 0
+        for _ in range(30):
+            for _ in range(rng.randrange(1, 4)):
+                for _ in range(rng.randrange(0, 6)):
+                    payload = random_batch(rng, live, next_hash)
+                    reference.apply_raw(decode_batch(payload)[1])
+                    tracked.apply_raw(decode_batch(payload)[1])
+                tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
+                assert isinstance(tracked.table, Tracked)
+                delta = tracked.table.take_delta()
+                assert delta is not None
+                fd = writer.ship(delta)
+                if fd is not None:
+                    segments += 1
+                    try:
+                        await ch.send_segment(fd)
+                    finally:
+                        os.close(fd)
+            await ch.settle()
+            mirror, ref = ch.mirror(), reference.table
+            assert mirror.held() == (set(ref._gpu), set(ref._offload))
+            assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
+            for probe in probes:
+                assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)
+        assert segments >= 2 and reference.counters.cleared > 0
+    finally:
+        writer.close()
+        ch.close()
+
+
+@needs_shared
+async def test_a_segment_of_a_closed_subscription_is_never_attached():
+    ch, old, new = Channel(shared=True), SegmentWriter(), SegmentWriter()
+    try:
+        await ch.ingest.remove_instance("a")
+        ch.ingest.add_source(ch.spec)  # back: generation 2
+        for writer, gen, key in ((old, 1, 111), (new, 2, 222)):
+            fd = writer.ship(TableDelta(True, 1, 0, False, array("Q", [key])))
+            assert fd is not None
+            await ch.send_segment(fd, gen=gen)
+            os.close(fd)
+        await ch.settle()
+        assert ch.mirror().depth([222], 0.8) == 1.0 and ch.mirror().depth([111], 0.8) == 0.0
+    finally:
+        old.close()
+        new.close()
+        ch.close()
+
+
+@needs_shared
+def test_the_shared_child_writes_in_place_and_sends_a_descriptor_only_for_a_new_segment():
+    from router.kvevents.sidecar_main import Sidecar, child_config
+    from router.kvevents.sidecar_wire import FrameReader
+    from router.state.shared_mirror import map_segment
+
+    config = child_config({"hashing": {"mode": "tokens"}, "kv_events": {"enabled": True}})
+    ours, theirs = socket.socketpair()
+    ours.settimeout(5)
+    try:
+        child = Sidecar(config, theirs, shared=True)
+        child.gens["a"] = 7
+        table = child.residency.table("a")
+        table.store_run([1], [(42,)], 1)
+        table.fresh = True
+        child.send_stats()
+
+        def frames(n: int) -> tuple[list[tuple[bytes, bytes]], list[int]]:
+            got: list[tuple[bytes, bytes]] = []
+            fds: list[int] = []
+            reader = FrameReader()
+            while len(got) < n:
+                data, more, _flags, _addr = socket.recv_fds(ours, 1 << 16, 8)
+                fds += more
+                got += reader.feed(data)
+            return got, fds
+
+        got, fds = frames(2)
+        assert [kind for kind, _ in got] == [SEGMENT, STATS] and len(fds) == 1  # no delta crossed the socket
+        assert json.loads(got[0][1]) == {"instance": "a", "rank": 0, "gen": 7}
+        mm, seg = map_segment(fds[0])
+        assert seg.tolist(0) == [42] and seg.fresh and seg.size == 1
+        table.store_run([2], [(43,)], 1)
+        assert child.flush()  # in place: nothing sent
+        assert sorted(seg.tolist(0)) == [42, 43] and seg.size == 2
+        table.store_run(list(range(10, 60)), [(k,) for k in range(1000, 1050)], 1)  # outgrows 16 slots
+        child.send_stats()
+        got, fds = frames(2)
+        assert [kind for kind, _ in got] == [SEGMENT, STATS] and len(fds) == 1
+        mm2, seg2 = map_segment(fds[0])
+        assert len(seg2.tolist(0)) == 52 and seg2.caps[0] > seg.caps[0]
+        del seg, seg2
+        mm.close()
+        mm2.close()
     finally:
         ours.close()
         theirs.close()
