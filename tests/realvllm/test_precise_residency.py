@@ -7,7 +7,8 @@ tokenizer.json. Before each request the test asks ``/debug/route`` what the rout
 predicts per engine; after it, the engine's ``vllm:prefix_cache_hits`` delta says what was
 really reused. Nothing waits on time: each step waits until the engine's counters have
 counted the request and the router has applied the batch that holds the request's blocks
-(seen by the test's own subscriber, then in the router's ``/debug/kv_events``).
+(seen by the test's own subscriber, then in the router's ``/debug/kv_events``). The last
+test runs the same ingestion in the sidecar process, read through its shared-memory tables.
 """
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from tokenizers import Tokenizer
 
 from kv_frames import FrameRecorder, decode
-from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, total
+from servers import serve_app
+from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, TOKEN, total
+from router.config.model import load_config
+from router.gateway.app import create_app
+from router.state.shared_mirror import shared_tables
 from router.tools.realvllm import VllmEngine
 from router.tools.tiny_model import corpus
 
@@ -242,3 +248,49 @@ def test_the_emulator_advertises_its_kv_events_as_vllm_does(engines: list[VllmEn
     for key in ("enable_kv_cache_events", "publisher", "topic"):
         assert real["0"][key] == emulated["0"][key]
     assert all(a["endpoint"].startswith("tcp://*:") for a in (real["0"], emulated["0"]))
+
+
+@pytest.fixture
+def sidecar_router(engines: list[VllmEngine], tiny_model: Path) -> Iterator[str]:
+    """``precise_router``'s configuration with ingestion in the sidecar process, whose
+    tables the loop reads in shared memory (the default with the sidecar on Linux)."""
+    config = load_config(overrides={
+        "instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
+        "server": {"admin_token": TOKEN},
+        "health": {"interval_s": 2},
+        "engines": {"metrics_interval_s": 0.5},
+        "policy": {"seed": 1},
+        "hashing": {"mode": "tokens", "tokens": {"source": "file", "path": str(tiny_model / "tokenizer.json"),
+                                                 "block_size": 128}},
+        "kv_events": {"enabled": True, "discover_interval_s": 1, "sidecar": True},
+    })
+    with serve_app(create_app(config)) as url, httpx.Client(trust_env=False, timeout=60) as client:
+        until("both engines' residency fresh through the sidecar", lambda: {
+            s["instance"] for s in client.get(f"{url}/debug/kv_events", headers=AUTH).json()["sources"] if s["fresh"]
+        } == {"vllm0", "vllm1"}, timeout_s=60)
+        yield url
+
+
+def test_real_kv_events_reach_decisions_through_the_sidecars_shared_tables(
+        sidecar_router: str, engines: list[VllmEngine], client: httpx.Client) -> None:
+    """A prompt sent straight to engine 1: its blocks reach the router through the sidecar's
+    shared-memory tables, the router predicts them all on engine 1 and none on engine 0,
+    routes the prompt there, and the engine's own counters hit what was predicted."""
+    doc = client.get(f"{sidecar_router}/debug/kv_events", headers=AUTH).json()
+    assert doc["mirror"] == shared_tables() == "shared", doc["mirror"]
+    prompt = "Sidecar probe. " + text(4242, 2400)
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1}
+    ids = tokenize(client, engines[1], prompt)
+    n, full = len(ids), len(ids) // BLOCK
+    with FrameRecorder(engines[1].kv_events_endpoint) as recorder:
+        mark = len(recorder.frames)
+        assert client.post(f"{engines[1].url}/v1/completions", json=body).status_code == 200  # bypassing the router
+        seq, _ = stored_at(recorder, mark, ids[(full - 1) * BLOCK:full * BLOCK])
+    applied(client, sidecar_router, "vllm1", seq)
+    guess, _request = predicted(client, sidecar_router, body)
+    assert (guess["vllm1"], guess["vllm0"]) == (full, 0), guess
+    before = counters(client, engines)
+    answer = client.post(f"{sidecar_router}/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    served, hits = counted(client, engines, before, n)
+    assert (served, hits) == (1, min(full, (n - 1) // BLOCK) * BLOCK)
