@@ -61,15 +61,17 @@ def flood_main(port: int, rate: float, seconds: float) -> None:
     ctx.destroy(linger=0)
 
 
-def in_process_cost() -> float:
+def in_process_cost(native_tables: bool = True) -> float:
     """CPU microseconds per event of decoding and applying the flood's messages in this
-    process (no sockets): the ingestion ceiling of one free core is 1e6 / this."""
+    process (no sockets), on the in-process table ``kv_events.native_tables`` picks (the C
+    table without change notes, or ``BlockTable``): the ingestion ceiling of one free core
+    is 1e6 / this."""
     from router.kvevents.apply import TableWriter
     from router.kvevents.wire import decode_batch
-    from router.state.precise import BlockTable
+    from router.state.precise_native import engine_table
 
     payloads = flood_payloads()
-    writer = TableWriter(BlockTable(1_000_000), "m", 16)
+    writer = TableWriter(engine_table(native_tables)(1_000_000), "m", 16)
     for payload in payloads:  # warm: the table reaches its steady size
         writer.apply_raw(decode_batch(payload)[1])
     t0 = time.process_time()
@@ -238,9 +240,10 @@ def main(argv: list[str] | None = None) -> int:
            + describe(args.request_rate, args.rounds, args.duration)
            + measure(args.modes, args.layouts, args.events_per_s, args.request_rate,
                      args.duration, args.rounds))
-    cost = in_process_cost()
+    cost, python_cost = in_process_cost(), in_process_cost(native_tables=False)
     out += (f"\n\nDecoding and applying the same messages in one process, without sockets: {cost:.2f} µs of CPU per "
-            f"event (`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own. "
+            f"event ({table_kind()} table; {python_cost:.2f} on Python's `BlockTable`; "
+            f"`loadtests.kv_flood.in_process_cost`), a ceiling of {1e6 / cost:,.0f} events/s on a core of its own. "
             f"What the sidecar leaves on the loop, framing, decoding and applying the deltas of the same messages "
             f"(31 per delta, 10 ms at 100k/s) without sockets: {loop_apply_cost():.2f} µs of CPU per event "
             f"({key_sets()} key sets), {loop_apply_cost(native=False):.2f} with Python sets, best of 3 "

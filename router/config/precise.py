@@ -86,9 +86,9 @@ class KVEventsConfig(_Strict):
                                 "that the sidecar writes and the loop reads in place, so KV events cost the router's "
                                 "process nothing (Linux, with native key sets; GET /debug/kv_events: mirror); false, "
                                 "or not possible: the sidecar ships changed key sets that the loop applies")
-    native_tables: bool = Field(default=True, description="the sidecar's engine-block tables are the C extension "
-                                "router.state._tracked's where it was built (GET /debug/kv_events: tables); false, "
-                                "or not built: Python tables, ~2.4x the sidecar's CPU per event")
+    native_tables: bool = Field(default=True, description="the engine-block tables (in-process, or in the "
+                                "sidecar) are the C extension router.state._tracked's where it was built (GET "
+                                "/debug/kv_events: tables); false, or not built: Python tables, ~2.4x the CPU per event")
     sidecar_nice: int = Field(default=5, ge=0, le=19, description="the sidecar's CPU priority below the router's "
                               "(Unix nice increment): when the cores are contended, routing goes first and an "
                               "ingestion that falls behind shows as sequence gaps (approximate residency until resynced)")

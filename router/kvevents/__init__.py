@@ -14,7 +14,8 @@ from router.kvevents.ingest import KVEventIngest
 from router.kvevents.metrics import KVEventsCollector
 from router.state.base import StateStore
 from router.kvevents.sidecar import SidecarIngest, mirror_factory
-from router.state.precise import BlockTable, EventResidency
+from router.state.precise import EventResidency
+from router.state.precise_native import engine_table
 from router.state.precise_store import PreciseStore
 
 __all__ = ["KVEventIngest", "precise_store", "uses_bind"]
@@ -42,7 +43,7 @@ def precise_store(config: RouterConfig, pool: InstancePool, store: StateStore,
     if not kv.enabled:
         return store, None
     residency = EventResidency(kv.max_blocks_per_instance, kv.cpu_weight,
-                               factory=mirror_factory(kv) if kv.sidecar else BlockTable)
+                               factory=mirror_factory(kv) if kv.sidecar else engine_table(kv.native_tables))
     caps = {i.id: config.residency_cap(i.config) for i in pool}
     wrapped = PreciseStore(store, residency, caps, speculative_s=kv.speculative_s,
                            default_cap=max(caps.values(), default=8192))

@@ -4,7 +4,8 @@ An operator (or a test) asks: is this engine's residency from its events, how fa
 the router read its stream, and what did its events do. ``last_sequence`` compared with
 the publisher's own sequence says whether the router has caught up; with the sidecar,
 ``key_sets`` says whether the loop's mirror tables use the C extension ("native") or
-Python sets ("python"), ``tables`` the same of the sidecar's engine-block tables, and
+Python sets ("python"), ``tables`` the same of the engine-block tables (in-process or the
+sidecar's), and
 ``mirror`` whether the loop reads them in shared memory ("shared") or applies deltas.
 """
 
@@ -22,7 +23,7 @@ def describe(ingest: KVEventIngest) -> dict[str, Any]:
     return {
         "receive_errors": ingest.receive_errors,
         "key_sets": ingest.key_sets if isinstance(ingest, SidecarIngest) else None,
-        "tables": ingest.tables if isinstance(ingest, SidecarIngest) else None,
+        "tables": ingest.tables,
         "mirror": ingest.mirror if isinstance(ingest, SidecarIngest) else None,
         "sources": [
             {"instance": s.spec.instance, "dp_rank": s.spec.dp_rank, "endpoint": s.spec.endpoint, "bind": s.spec.bind,

@@ -25,6 +25,7 @@ from router.kvevents.discovery import DiscoveryError, discover, served_model, sp
 from router.kvevents.sockets import Handler, receive_loop, replay, sub_socket
 from router.kvevents.source import Source, SourceSpec
 from router.state.precise import EventResidency
+from router.state.precise_native import table_kind
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class KVEventIngest:
         self._config = config
         self._may_bind = may_bind  # False in one of several worker processes: only one of them could
         self._kv = config.kv_events
+        self.tables = table_kind(self._kv.native_tables)  # the engine-block tables': "native" (C) or "python"
         self._pool = pool
         self.residency = residency
         self.sources: list[Source] = []

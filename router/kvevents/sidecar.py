@@ -46,7 +46,6 @@ from router.kvevents.sidecar_wire import (
 from router.kvevents.source import Source, SourceSpec, StreamCounters
 from router.state.precise import EventResidency
 from router.state.precise_mirror import MirrorTable, delta_changes, key_sets
-from router.state.precise_native import table_kind
 from router.state.shared_mirror import SharedMirrorTable, map_segment, shared_tables
 
 log = logging.getLogger(__name__)
@@ -114,7 +113,6 @@ class SidecarIngest(KVEventIngest):
         self._errors_now = 0
         self.restarts = 0  # sidecars started after the first
         self.key_sets = key_sets(self._kv.native_key_sets)  # the mirrors': "native" (router.state._keyset) or "python"
-        self.tables = table_kind(self._kv.native_tables)  # the sidecar's: "native" (router.state._tracked) or "python"
         self.mirror = mirror_kind(self._kv)  # "shared" (memory the sidecar writes) or "deltas" (applied here)
         self._fds: collections.deque[int] = collections.deque()  # received with segment frames not yet read
 

@@ -35,7 +35,7 @@ static int note(KeyTable *gone_from, KeyTable *into, uint64_t key) { /* netted: 
 static int count_up(Tracked *t, int i, const uint64_t *keys, uint32_t n) {
     for (uint32_t j = 0; j < n; j++) {
         uint64_t c = rm_inc(&t->refs[i], keys[j]);
-        if (c == 0 || (c == 1 && note(&t->removed[i], &t->added[i], keys[j]) < 0))
+        if (c == 0 || (c == 1 && t->track && note(&t->removed[i], &t->added[i], keys[j]) < 0))
             return -1;
     }
     return 0;
@@ -43,7 +43,7 @@ static int count_up(Tracked *t, int i, const uint64_t *keys, uint32_t n) {
 
 static int count_down(Tracked *t, int i, const uint64_t *keys, uint32_t n) {
     for (uint32_t j = 0; j < n; j++)
-        if (rm_dec(&t->refs[i], keys[j]) == 0 && note(&t->added[i], &t->removed[i], keys[j]) < 0)
+        if (rm_dec(&t->refs[i], keys[j]) == 0 && t->track && note(&t->added[i], &t->removed[i], keys[j]) < 0)
             return -1;
     return 0;
 }
@@ -292,8 +292,9 @@ static int Tracked_set_fresh(Tracked *t, PyObject *value, void *Py_UNUSED(c)) {
 
 static PyObject *Tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Py_ssize_t capacity;
-    static char *kwlist[] = {"capacity", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:TrackedBlocks", kwlist, &capacity))
+    int track = 1;
+    static char *kwlist[] = {"capacity", "track", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|$p:TrackedBlocks", kwlist, &capacity, &track))
         return NULL;
     if (capacity < 0)
         return PyErr_Format(PyExc_ValueError, "capacity must be >= 0, not %zd", capacity);
@@ -301,6 +302,7 @@ static PyObject *Tracked_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (t == NULL)
         return NULL;
     t->capacity = capacity;
+    t->track = track;
     t->touched = 1; /* as the Python table, whose constructor sets fresh */
     if (clear_all(t) < 0) {
         Py_DECREF(t);

@@ -20,6 +20,7 @@ typedef struct {
     Py_ssize_t capacity;
     long long overflow;
     int fresh, touched, reset;
+    int track; /* note presence changes for take() (a sidecar's); 0: an in-process table, read where it is */
 } Tracked;
 
 /* The entry of an engine hash, NIL when absent (or not a uint64); -1 on a non-int. */
@@ -184,6 +185,10 @@ static PyObject *take_keys(KeyTable *s) {
 /* take() -> None | (fresh, size, overflow, reset, added_gpu, removed_gpu, added_offload,
  * removed_offload): the changes since the last take (precise_native makes it a TableDelta). */
 static PyObject *Tracked_take(Tracked *t, PyObject *Py_UNUSED(ignored)) {
+    if (!t->track) {
+        PyErr_SetString(PyExc_TypeError, "a table made with track=False notes no changes to take");
+        return NULL;
+    }
     KeyTable *sets[4] = {&t->added[0], &t->removed[0], &t->added[1], &t->removed[1]};
     int any = t->touched;
     for (int j = 0; j < 4; j++)

@@ -8,7 +8,9 @@ event's blocks in one call (``store_tokens``: router keys chained from the token
 there too) and builds a delta's arrays straight from its change sets;
 ``NativeTrackedTable`` adds the ``take_delta`` the sidecar ships. Same contents and deltas
 as the Python table (``tests/state/test_tracked_native.py``), which stays the fallback:
-``kv_events.native_tables: false``, or an install without a C compiler.
+``kv_events.native_tables: false``, or an install without a C compiler. Without a sidecar
+the same C table, made with ``track=False`` (no change notes), is the in-process table
+(``engine_table``), ``BlockTable`` its fallback.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Literal
 
 import xxhash
 
-from router.state.precise import EngineTable
+from router.state.precise import BlockTable, EngineTable
 from router.state.precise_mirror import TableDelta, TrackedTable
 
 try:
@@ -76,8 +78,18 @@ class NativeTrackedTable(_Base):
 
 
 def table_kind(native: bool = True) -> Literal["native", "python"]:
-    """Which tables ``tracked_table(native)`` makes: C if asked and built."""
+    """Which tables ``tracked_table(native)`` and ``engine_table(native)`` make: C if asked and built."""
     return "native" if native and NATIVE_TABLES_BUILT else "python"
+
+
+def _untracked(capacity: int) -> EngineTable:
+    return NativeTrackedTable(capacity, track=False)
+
+
+def engine_table(native: bool = True) -> Callable[[int], EngineTable]:
+    """The factory of in-process tables (no sidecar): the C table without change notes
+    (~2.5x less CPU per event than ``BlockTable``), else ``BlockTable``."""
+    return _untracked if table_kind(native) == "native" else BlockTable
 
 
 def tracked_table(native: bool = True) -> Callable[[int], EngineTable]:

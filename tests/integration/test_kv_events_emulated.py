@@ -189,7 +189,7 @@ def test_an_instance_that_leaves_is_unsubscribed_and_one_back_at_another_address
         doc = httpx.get(f"{url}/debug/kv_events", headers=admin).json()
         assert [s["instance"] for s in doc["sources"]] == ["a"] and "b" not in doc["instances"]
         assert doc["key_sets"] == (("native" if NATIVE_BUILT else "python") if sidecar else None)
-        assert doc["tables"] == (("native" if NATIVE_TABLES_BUILT else "python") if sidecar else None)
+        assert doc["tables"] == ("native" if NATIVE_TABLES_BUILT else "python")
         assert doc["mirror"] == ((shared_tables() if NATIVE_BUILT else "deltas") if sidecar else None)
         applied_a = ingest.sources[0].writer.counters.events
         assert httpx.post(f"{b.url}/v1/completions", json=completion(prompt + " again"), timeout=30).status_code == 200

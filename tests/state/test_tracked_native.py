@@ -13,6 +13,7 @@ import pytest
 
 from router.kvevents.apply import TableWriter
 from router.request.hashing import chain_keys, pack_tokens, root_seed, token_block_keys
+from router.state.precise import BlockTable
 from router.state.precise_mirror import TableDelta, TrackedTable
 
 native = pytest.importorskip("router.state.precise_native")
@@ -100,6 +101,34 @@ def test_random_streams_leave_what_the_python_table_has_and_ship_the_same_deltas
         same_delta(c.take_delta(), py.take_delta())
         same_delta(c.take_delta(), py.take_delta())  # nothing since: both None
     assert py.overflow > 0 or capacity >= 48
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_untracked_table_in_process_answers_as_the_python_block_table(seed):
+    """``engine_table`` (no sidecar): the C table made with track=False holds what
+    ``BlockTable`` holds, answers every query alike, notes no changes (take refuses) and so
+    keeps no change sets at all."""
+    rng = random.Random(seed)
+    capacity = rng.choice((1, 4, 16, 48))
+    hashes = [rng.getrandbits(64) for _ in range(rng.choice((20, 80)))] + EDGE
+    keys = [rng.getrandbits(64) for _ in range(rng.choice((10, 60, 200)))] + EDGE
+    py, c = TrackedTable(capacity), native.engine_table()(capacity)
+    assert isinstance(c, NativeTrackedTable)
+    for _ in range(600):
+        random_op(rng, py, c, hashes, keys)
+        check(py, c, rng, hashes, keys)
+    with pytest.raises(TypeError):
+        c.take()
+    assert native.engine_table(native=False) is BlockTable
+
+
+def test_the_untracked_table_keeps_no_change_sets():
+    untracked, tracked = native.engine_table()(100_000), NativeTrackedTable(100_000)
+    for table in (untracked, tracked):
+        table.store_flat(list(range(1, 20_001)), list(range(1, 20_001)), 1, GPU)
+    assert untracked.held() == tracked.held() and len(untracked) == len(tracked) == 20_000
+    # the tracked one noted 20,000 added keys (8 bytes a slot at a load of at most 3/4)
+    assert sys.getsizeof(tracked) - sys.getsizeof(untracked) >= 20_000 * 8
 
 
 def test_a_writer_over_either_table_ships_the_same_deltas_for_vllm_events():
