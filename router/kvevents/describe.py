@@ -6,7 +6,8 @@ the publisher's own sequence says whether the router has caught up; with the sid
 ``key_sets`` says whether the loop's mirror tables use the C extension ("native") or
 Python sets ("python"), ``tables`` the same of the engine-block tables (in-process or the
 sidecar's), and
-``mirror`` whether the loop reads them in shared memory ("shared") or applies deltas.
+``mirror`` whether the loop reads them in shared memory ("shared", each instance's
+``shared_bytes`` the size of its segments) or applies deltas.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar import SidecarIngest
+from router.state.shared_mirror import SharedMirrorTable
 
 
 def describe(ingest: KVEventIngest) -> dict[str, Any]:
@@ -33,6 +35,8 @@ def describe(ingest: KVEventIngest) -> dict[str, Any]:
             for s in ingest.sources
         ],
         "instances": {inst: {"fresh": residency.is_fresh(inst),
-                             "blocks": sum(len(t) for t in residency.tables(inst).values())}
+                             "blocks": sum(len(t) for t in residency.tables(inst).values()),
+                             "shared_bytes": sum(t.segment_bytes for t in residency.tables(inst).values()
+                                                 if isinstance(t, SharedMirrorTable))}
                       for inst in residency.instances()},
     }

@@ -157,6 +157,11 @@ class SharedMirrorTable(MirrorTable):
     def attached(self) -> bool:
         return self._keys is not None
 
+    @property
+    def segment_bytes(self) -> int:
+        """The attached segment's size (mapped here and in the sidecar, present once)."""
+        return len(self._mm) if self._mm is not None and not self._mm.closed else 0
+
     def _release(self) -> None:
         self._keys = None
         _unmap(self._mm)

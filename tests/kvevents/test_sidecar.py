@@ -14,6 +14,7 @@ import zmq.asyncio
 from router.config.model import load_config
 from router.core.instances import InstancePool
 from router.kvevents import precise_store
+from router.kvevents.describe import describe
 from router.kvevents.sidecar import SidecarIngest, mirror_kind
 from router.kvevents.source import SourceSpec
 from router.state.memory import MemoryStore
@@ -86,6 +87,8 @@ async def test_events_applied_in_the_sidecar_reach_the_mirror_and_the_counters(s
         await until(lambda: source.counters.batches >= 2 and source.writer.counters.removed_blocks == 1)
         assert source.last == 1 and source.synced
         assert len(f.residency.table("a")) == 2
+        shared_bytes = describe(f.ingest)["instances"]["a"]["shared_bytes"]
+        assert shared_bytes > 0 if f.ingest.mirror == "shared" else shared_bytes == 0
 
 
 async def test_a_gap_seen_in_the_sidecar_makes_the_instance_stale_until_all_blocks_cleared():
