@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar import SidecarIngest
 from router.state.precise_store import PreciseStore
+from router.state.shared_mirror import SharedMirrorTable
 
 _BLOCK_OPS = ("stored_blocks", "removed_blocks", "orphans", "refused", "unknown_removals")
 _STREAM = ("gaps", "restarts", "malformed", "duplicates", "replays", "replays_failed", "resyncs", "dropped_pending")
@@ -74,3 +75,11 @@ class KVEventsCollector:
                                            "Times the KV-event sidecar process died and was started again")
             restarts.add_metric([], self._ingest.restarts)
             yield restarts
+            if self._ingest.mirror == "shared":
+                shared = GaugeMetricFamily("pd_router_kv_shared_table_bytes",
+                                           "Shared memory of an instance's tables, mapped by the router and its sidecar "
+                                           "(present once, counted in both processes' RSS)", labels=["engine"])
+                for inst in residency.instances():
+                    shared.add_metric([inst], sum(t.segment_bytes for t in residency.tables(inst).values()
+                                                  if isinstance(t, SharedMirrorTable)))
+                yield shared

@@ -15,6 +15,7 @@ from router.config.model import load_config
 from router.core.instances import InstancePool
 from router.kvevents import precise_store
 from router.kvevents.describe import describe
+from router.kvevents.metrics import KVEventsCollector
 from router.kvevents.sidecar import SidecarIngest, mirror_kind
 from router.kvevents.source import SourceSpec
 from router.state.memory import MemoryStore
@@ -48,7 +49,7 @@ class Flood:
             "kv_events": {"enabled": True, "discover": False, "sidecar": True, "shared_tables": shared,
                           "sources": {"a": {"endpoint": f"tcp://*:{self.port}", "topic": "kv"}}},
         })
-        _store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
+        self.store, ingest = precise_store(config, InstancePool(config), MemoryStore({"a": 8}))
         assert isinstance(ingest, SidecarIngest)
         self.ingest = ingest
         self.residency = ingest.residency
@@ -89,6 +90,9 @@ async def test_events_applied_in_the_sidecar_reach_the_mirror_and_the_counters(s
         assert len(f.residency.table("a")) == 2
         shared_bytes = describe(f.ingest)["instances"]["a"]["shared_bytes"]
         assert shared_bytes > 0 if f.ingest.mirror == "shared" else shared_bytes == 0
+        gauges = {s.labels["engine"]: s.value for m in KVEventsCollector(f.ingest, f.store).collect()
+                  if m.name == "pd_router_kv_shared_table_bytes" for s in m.samples}
+        assert gauges == ({"a": shared_bytes} if f.ingest.mirror == "shared" else {})
 
 
 async def test_a_gap_seen_in_the_sidecar_makes_the_instance_stale_until_all_blocks_cleared():
