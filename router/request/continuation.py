@@ -41,6 +41,8 @@ class Progress:
     text: list[str] = field(default_factory=list)
     tokens: int = 0  # one event per token, as vLLM and SGLang stream without speculative decoding
     done: bool = False  # [DONE] or a finish_reason went out: nothing left to continue
+    terminated: bool = False  # [DONE] went out
+    last: dict[str, Any] | None = None  # the last event that went out (for an ending made here)
     role_sent: bool = False
     usage_tokens: int = 0  # completion tokens produced by earlier (broken) attempts
 
@@ -94,7 +96,7 @@ class Continuation:
             return event
         payload = event[6:].strip()
         if payload == _DONE:
-            self.progress.done = True
+            self.progress.done = self.progress.terminated = True
             return event
         try:  # msgspec: ~6x faster than json.loads per event; json for what it refuses (NaN, lone surrogates)
             doc = _decode(payload)
@@ -106,6 +108,7 @@ class Continuation:
         if not isinstance(doc, dict):
             return event
         p = self.progress
+        p.last = doc
         changed = False
         for choice in doc.get("choices") or ():
             text = choice.get("text")
@@ -131,6 +134,35 @@ class Continuation:
             changed = True
         return b"data: " + json.dumps(doc).encode() if changed else event
 
+    def ending(self) -> bytes | None:
+        """How the stream ends when it cannot go on: nothing more if its ``[DONE]`` went out;
+        its ``[DONE]`` if the answer was whole (a finish_reason went out, the engine broke
+        before the terminator), after the final event the engine would have sent when the
+        token budget is spent (finish_reason "length"); None: with the error event."""
+        p = self.progress
+        if p.terminated:
+            return b""
+        if p.done:
+            return b"data: [DONE]\n\n"
+        if not self.spent() or p.last is None:
+            return None
+        last = p.last
+        if self._endpoint == "completions":
+            choice: dict[str, Any] = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length",
+                                      "stop_reason": None}
+        else:
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
+        final: dict[str, Any] = {k: last[k] for k in ("id", "object", "created", "model") if k in last}
+        final["choices"] = [choice]
+        return b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n"
+
+    def spent(self) -> bool:
+        """Every token the request allowed went out."""
+        limit = self._body.get("max_completion_tokens")
+        if limit is None:
+            limit = self._body.get("max_tokens")
+        return limit is not None and self.progress.tokens >= int(limit)
+
     # -- continuing ------------------------------------------------------------------------
     def body(self) -> dict[str, Any] | None:
         """The request that goes on from here, or None when it cannot."""
@@ -153,6 +185,9 @@ class Continuation:
     async def resume(self) -> Resumed | None:
         """A new upstream stream that continues this one, or None (then the relay ends with an error event)."""
         if self.progress.done:
+            return None
+        if self.spent():  # the answer is whole but for its end: ending() makes it
+            self._count("whole")
             return None
         if self._left < 1:
             self._count("exhausted")

@@ -67,6 +67,8 @@ class StreamContinuer(Protocol):
 
     async def resume(self) -> Resumed | None: ...
 
+    def ending(self) -> bytes | None: ...
+
 
 def raw_chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:
     """The body as it arrives, undecoded (the engine was asked for identity; an encoding it
@@ -207,8 +209,11 @@ class RelayResponse(Response):
                 log.warning("request %s: upstream failed mid-response: %s", self._request_id, type(exc).__name__)
                 resumed = None if self._continuer is None else await self._continuer.resume()
                 if resumed is None:
-                    if self._is_sse:
-                        await send({"type": "http.response.body", "body": _MID_STREAM, "more_body": True})
+                    # a whole answer whose engine broke before its terminator ends as it would have
+                    ending = None if self._continuer is None else self._continuer.ending()
+                    if self._is_sse and ending != b"":
+                        await send({"type": "http.response.body", "body": _MID_STREAM if ending is None else ending,
+                                    "more_body": True})
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return "upstream_error"
             # the broken attempt ends here; the relay goes on with the one that continues it

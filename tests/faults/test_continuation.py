@@ -63,6 +63,39 @@ def test_what_cannot_be_continued_ends_with_an_error_event(emulators):
         assert error and done == 0
 
 
+def test_a_whole_answer_whose_engine_breaks_before_its_end_ends_as_the_engine_would(emulators):
+    """The engine drops the connection right after its last token (the budget is spent; its
+    final event and [DONE] never came): nothing is left to continue, so the client's stream
+    ends with a final event (finish_reason "length") and its [DONE], not the error event."""
+    reference, dying = emulators(), emulators(faults=FaultConfig(die_after_tokens=10))
+    with router([{"url": dying.url, "name": "d"}]) as (url, _):
+        for endpoint, body in (("completions", {"model": "m", "prompt": "hello there.", "max_tokens": 10}),
+                               ("chat/completions", {"model": "m", "max_completion_tokens": 10,
+                                                     "messages": [{"role": "user", "content": "hello there."}]})):
+            ref = httpx.post(f"{reference.url}/v1/{endpoint}", json={**body, "stream": True}, timeout=30).text
+            got = httpx.post(f"{url}/v1/{endpoint}", json={**body, "stream": True}, timeout=30).text
+            events = [json.loads(line[6:]) for line in got.splitlines() if line.startswith("data: {")]
+            expected = [json.loads(line[6:]) for line in ref.splitlines() if line.startswith("data: {")]
+            assert got.splitlines().count("data: [DONE]") == 1 and not any("error" in e for e in events), got
+            assert [e["choices"][0].get("finish_reason") for e in events] == \
+                [e["choices"][0].get("finish_reason") for e in expected]
+            assert events[-1]["id"] == events[0]["id"] and events[-1]["object"] == expected[-1]["object"]
+
+
+def test_a_stream_ends_with_its_done_or_nothing_once_its_answer_is_whole():
+    async def send(body):
+        return None
+
+    c = Continuation({"model": "m", "prompt": "hi", "max_tokens": 2}, "completions", 1, send, lambda result: None)
+    assert c.ending() is None  # nothing yet: the error event
+    c.feed(b'data: {"choices": [{"index": 0, "text": " a", "finish_reason": null}]}\n\n')
+    assert c.ending() is None
+    c.feed(b'data: {"choices": [{"index": 0, "text": " b", "finish_reason": "length"}]}\n\n')
+    assert c.ending() == b"data: [DONE]\n\n"
+    c.feed(b"data: [DONE]\n\n")
+    assert c.ending() == b""
+
+
 def test_chat_continues_the_final_assistant_message():
     async def send(body):
         return None

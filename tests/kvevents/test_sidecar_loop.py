@@ -113,6 +113,27 @@ def random_batch(rng: random.Random, live: list[tuple[int, list[int]]], next_has
     return batch(*events)
 
 
+def next_delta(rng: random.Random, reference: TableWriter, tracked: TableWriter,
+               live: list[tuple[int, list[int]]], next_hash: list[int]) -> TableDelta:
+    """A few random batches into both writers, then the tracked table's delta."""
+    for _ in range(rng.randrange(0, 6)):
+        payload = random_batch(rng, live, next_hash)
+        reference.apply_raw(decode_batch(payload)[1])
+        tracked.apply_raw(decode_batch(payload)[1])
+    tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
+    assert isinstance(tracked.table, Tracked)
+    delta = tracked.table.take_delta()
+    assert delta is not None
+    return delta
+
+
+def same_tables(mirror: MirrorTable, ref: BlockTable, probes: list[list[int]]) -> None:
+    assert mirror.held() == (set(ref._gpu), set(ref._offload))
+    assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
+    for probe in probes:
+        assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)
+
+
 @pytest.mark.parametrize("seed", range(8))
 async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(seed, native_key_sets, native_tables,
                                                                              monkeypatch):
@@ -130,25 +151,13 @@ async def test_the_loops_table_equals_in_process_ingestion_over_random_streams(s
         for _ in range(30):
             stream = b""
             for _ in range(rng.randrange(1, 4)):  # several deltas per read, split anywhere
-                for _ in range(rng.randrange(0, 6)):
-                    payload = random_batch(rng, live, next_hash)
-                    reference.apply_raw(decode_batch(payload)[1])
-                    tracked.apply_raw(decode_batch(payload)[1])
-                tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
-                assert isinstance(tracked.table, Tracked)
-                delta = tracked.table.take_delta()
-                assert delta is not None
-                stream += encode_delta("a", 0, delta, gen=1)
+                stream += encode_delta("a", 0, next_delta(rng, reference, tracked, live, next_hash), gen=1)
             cut = rng.randrange(len(stream) + 1)
             await ch.send(stream[:cut])
             await asyncio.sleep(0)
             await ch.send(stream[cut:])
             await ch.settle()
-            mirror, ref = ch.mirror(), reference.table
-            assert mirror.held() == (set(ref._gpu), set(ref._offload))
-            assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
-            for probe in probes:
-                assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)
+            same_tables(ch.mirror(), reference.table, probes)
         assert reference.table.overflow > 0 and reference.counters.cleared > 0
     finally:
         ch.close()
@@ -246,15 +255,7 @@ async def test_shared_segments_sent_with_their_descriptors_hold_what_in_process_
         segments = 0
         for _ in range(30):
             for _ in range(rng.randrange(1, 4)):
-                for _ in range(rng.randrange(0, 6)):
-                    payload = random_batch(rng, live, next_hash)
-                    reference.apply_raw(decode_batch(payload)[1])
-                    tracked.apply_raw(decode_batch(payload)[1])
-                tracked.table.fresh = reference.table.fresh = rng.random() < 0.9
-                assert isinstance(tracked.table, Tracked)
-                delta = tracked.table.take_delta()
-                assert delta is not None
-                fd = writer.ship(delta)
+                fd = writer.ship(next_delta(rng, reference, tracked, live, next_hash))
                 if fd is not None:
                     segments += 1
                     try:
@@ -262,11 +263,7 @@ async def test_shared_segments_sent_with_their_descriptors_hold_what_in_process_
                     finally:
                         os.close(fd)
             await ch.settle()
-            mirror, ref = ch.mirror(), reference.table
-            assert mirror.held() == (set(ref._gpu), set(ref._offload))
-            assert len(mirror) == len(ref) and mirror.overflow == ref.overflow and mirror.fresh == ref.fresh
-            for probe in probes:
-                assert mirror.depth(probe, 0.8) == ref.depth(probe, 0.8)
+            same_tables(ch.mirror(), reference.table, probes)
         assert segments >= 2 and reference.counters.cleared > 0
     finally:
         writer.close()

@@ -22,7 +22,7 @@ from router.gateway.app import create_app
 from router.tools import realvllm
 from router.tools.tiny_model import write_model
 from servers import free_port, serve_app
-from vllm_rig import AUTH, BEFORE_ROUTER, NUM_BLOCKS, TOKEN
+from vllm_rig import AUTH, BEFORE_ROUTER, NUM_BLOCKS, TOKEN, precise_config
 
 STARTUP_TIMEOUT_S = float(os.environ.get("PD_ROUTER_VLLM_STARTUP_S", "420"))
 
@@ -90,16 +90,7 @@ def precise_router(engines: list[realvllm.VllmEngine], tiny_model: Path) -> Iter
     reading both engines' KV events: found through their ``/kv_event_sources``, resynced from
     their replay buffers, so it knows what they hold whatever ran before it. Yielded once
     both engines' residency is fresh."""
-    config = load_config(overrides={
-        "instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
-        "server": {"admin_token": TOKEN},
-        "health": {"interval_s": 2},
-        "engines": {"metrics_interval_s": 0.5},
-        "policy": {"seed": 1},
-        "hashing": {"mode": "tokens", "tokens": {"source": "file", "path": str(tiny_model / "tokenizer.json"),
-                                                 "block_size": 128}},
-        "kv_events": {"enabled": True, "discover_interval_s": 1},
-    })
+    config = precise_config(engines, tiny_model)
     with ExitStack() as stack, httpx.Client(trust_env=False, timeout=60) as client:
         warm = client.post(f"{engines[0].url}/v1/completions",
                            json={"model": "tiny", "prompt": BEFORE_ROUTER, "max_tokens": 1})

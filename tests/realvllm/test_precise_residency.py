@@ -24,8 +24,7 @@ from tokenizers import Tokenizer
 
 from kv_frames import FrameRecorder, decode
 from servers import serve_app
-from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, TOKEN, total
-from router.config.model import load_config
+from vllm_rig import AUTH, BEFORE_ROUTER, BLOCK, precise_config, total
 from router.gateway.app import create_app
 from router.state.shared_mirror import shared_tables
 from router.tools.realvllm import VllmEngine
@@ -254,16 +253,7 @@ def test_the_emulator_advertises_its_kv_events_as_vllm_does(engines: list[VllmEn
 def sidecar_router(engines: list[VllmEngine], tiny_model: Path) -> Iterator[str]:
     """``precise_router``'s configuration with ingestion in the sidecar process, whose
     tables the loop reads in shared memory (the default with the sidecar on Linux)."""
-    config = load_config(overrides={
-        "instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
-        "server": {"admin_token": TOKEN},
-        "health": {"interval_s": 2},
-        "engines": {"metrics_interval_s": 0.5},
-        "policy": {"seed": 1},
-        "hashing": {"mode": "tokens", "tokens": {"source": "file", "path": str(tiny_model / "tokenizer.json"),
-                                                 "block_size": 128}},
-        "kv_events": {"enabled": True, "discover_interval_s": 1, "sidecar": True},
-    })
+    config = precise_config(engines, tiny_model, sidecar=True)
     with serve_app(create_app(config)) as url, httpx.Client(trust_env=False, timeout=60) as client:
         until("both engines' residency fresh through the sidecar", lambda: {
             s["instance"] for s in client.get(f"{url}/debug/kv_events", headers=AUTH).json()["sources"] if s["fresh"]
