@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.loadgen import encode_post, new_event_loop, run_load  # noqa: E402
 from loadtests.machine import busy_processes, contention_note  # noqa: E402
 from loadtests.overhead import pd_router, request_bodies, router_source, run_profile, zero_backend  # noqa: E402
-from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
+from loadtests.peers import ALL_PEERS, PEERS, PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools.process import free_port  # noqa: E402
 
@@ -152,9 +152,10 @@ def measure(targets: dict[str, tuple[str, int]], side: dict[str, int], args: arg
 
 def render(cells: dict[tuple[str, str, int], Cell], names: Sequence[str], args: argparse.Namespace) -> str:
     rows: list[list[object]] = []
+    reference = "smg" if "smg" in names else "sglang-router"  # the newer release, when it was measured
     for mode in args.modes:
         for c in args.concurrency:
-            ref = cells.get(("sglang-router", mode, c))
+            ref = cells.get((reference, mode, c))
             ref_cpu = ref.cpu_s / ref.answers if ref and ref.answers else None
             for name in names:
                 cell = cells[(name, mode, c)]
@@ -163,7 +164,7 @@ def render(cells: dict[tuple[str, str, int], Cell], names: Sequence[str], args: 
                 ratio = f"{per / ref_cpu:.2f}×" if ref_cpu else "—"
                 rows.append([mode, c, name, f"{per * 1e6:.0f}", ratio, side, f"{cell.answers / cell.seconds:.0f}",
                              f"{cell.p50_ms():.2f}", cell.errors])
-    return table(["mode", "concurrency", "target", "router CPU µs / request", "vs sglang-router",
+    return table(["mode", "concurrency", "target", "router CPU µs / request", f"vs {reference}",
                   "redis-server CPU µs / request", "req/s (wall)", "p50 ms (wall)", "errors"], rows)
 
 
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=3.0, help="measured seconds per cell and round")
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(ALL_PEERS))
     p.add_argument("--no-redis", action="store_true", help="skip pd-router on the Redis store")
     p.add_argument("--baseline", metavar="REF", help="also measure pd-router (memory) as of this git commit")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import LoadResult, encode_post, new_event_loop, run_load
 from loadtests.machine import busy_processes, contention_note, wait_until_quiet
-from loadtests.peers import PEERS, PeerUnavailable, Workers, command_line, peer_router
+from loadtests.peers import ALL_PEERS, PEERS, PeerUnavailable, Workers, command_line, peer_router
 from loadtests.profile_summary import summarise
 from loadtests.report import table, write_section
 from router.tools.localrun import RouterProcess, router_process
@@ -51,7 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=4.0, help="measured seconds per target, concurrency and round")
     p.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds before each measurement")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (results pooled)")
-    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
+    p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(ALL_PEERS))
     p.add_argument("--baseline", metavar="REF", help="also measure pd-router as of this git commit")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="py-spy each pd-router target for this long at concurrency 16; print the hottest frames")

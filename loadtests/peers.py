@@ -14,6 +14,7 @@ report it and go on.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -26,7 +27,11 @@ import httpx
 
 from router.tools.process import free_port, read_tail, stop_process, wait_ready
 
-PEERS = ("sglang-router", "vllm-router")
+PEERS = ("sglang-router", "vllm-router")  # measured unless --peers says otherwise
+# sglang-router's newer release, measured when asked (--peers smg): both it and sglang-router 0.3.2
+# install a ``bin/smg``, so each is run through its own package (``sglang-router launch``,
+# ``python -m smg launch``), never through whichever ``smg`` script was installed last.
+ALL_PEERS = (*PEERS, "smg")
 
 
 class PeerUnavailable(RuntimeError):
@@ -46,6 +51,13 @@ class Workers:
         return len(self.regular) + len(self.prefill) + len(self.decode)
 
 
+def _module(name: str) -> list[str]:
+    """``python -m name`` with this interpreter, if the package is installed here."""
+    if importlib.util.find_spec(name) is None:
+        raise PeerUnavailable(f"{name} is not installed (pip install {name})")
+    return [sys.executable, "-m", name]
+
+
 def _binary(name: str) -> str:
     """The console script next to this interpreter (the venv), else on PATH."""
     local = os.path.join(os.path.dirname(sys.executable), name)
@@ -58,13 +70,16 @@ def _binary(name: str) -> str:
 def peer_argv(peer: str, workers: Workers, port: int, prometheus_port: int, policy: str = "cache_aware") -> list[str]:
     """The exact command line for ``peer`` in front of ``workers``."""
     if peer == "sglang-router":
-        argv = [_binary("smg"), "launch", "--log-level", "warn"]
+        argv = [_binary("sglang-router"), "launch", "--log-level", "warn"]
+        pd_flag = "--pd-disaggregation"
+    elif peer == "smg":
+        argv = [*_module("smg"), "launch", "--log-level", "warn"]
         pd_flag = "--pd-disaggregation"
     elif peer == "vllm-router":
         argv = [_binary("vllm-router"), "--worker-startup-check-interval", "1", "--log-level", "warning"]
         pd_flag = "--vllm-pd-disaggregation"
     else:
-        raise ValueError(f"unknown peer {peer!r}; expected one of {PEERS}")
+        raise ValueError(f"unknown peer {peer!r}; expected one of {ALL_PEERS}")
     argv += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy,
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
     if workers.regular:

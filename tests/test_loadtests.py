@@ -41,6 +41,10 @@ def test_peer_command_lines_bind_loopback_and_own_prometheus_port(monkeypatch: p
     argv = peers.peer_argv("vllm-router", pd, 30001, 29002)
     assert "--vllm-pd-disaggregation" in argv and "--worker-startup-check-interval" in argv
     assert argv[argv.index("--prefill") + 2] == "9100" and "none" in argv and pd.count == 3
+    monkeypatch.setattr(peers, "_module", lambda name: ["/opt/bench/python", "-m", name])
+    argv = peers.peer_argv("smg", regular, 30002, 29003)  # smg 1.13 through its own package, not a bin/smg
+    assert argv[1:4] == ["-m", "smg", "launch"] and "--worker-urls" in argv
+    assert peers.peer_argv("sglang-router", regular, 30000, 29001)[0].endswith("/sglang-router")
     with pytest.raises(ValueError):
         peers.peer_argv("nginx", regular, 1, 2)
 
