@@ -307,7 +307,9 @@ class SidecarIngest(KVEventIngest):
                 assert isinstance(item, DeltaFrame)
                 if self._gens.get(item.instance) == item.gen:  # else: a closed subscription's
                     table = self.residency.table(item.instance, item.rank)
-                    assert isinstance(table, MirrorTable)
+                    if isinstance(table, SharedMirrorTable) or not isinstance(table, MirrorTable):
+                        self._unreadable(ChannelError("a delta for a table the sidecar writes in shared memory"))
+                        return
                     done = table.apply_part(item.delta, self._head_done, budget)
                     budget -= max(done - self._head_done, 1)
                     if done < delta_changes(item.delta):

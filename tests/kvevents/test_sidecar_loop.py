@@ -290,6 +290,23 @@ async def test_a_segment_of_a_closed_subscription_is_never_attached():
 
 
 @needs_shared
+async def test_a_delta_for_a_shared_table_is_refused_as_a_channel_error():
+    """Shared tables never take deltas: one arriving means the peer is not the sidecar this
+    router configured, so the channel is dropped (the sidecar would be restarted), with the
+    table unchanged."""
+    ch = Channel(shared=True)
+    try:
+        await ch.send(encode_delta("a", 0, TableDelta(True, 1, 0, False, array("Q", [5])), gen=1))
+        deadline = asyncio.get_running_loop().time() + 10
+        while ch.ingest._sock is not None:
+            assert asyncio.get_running_loop().time() < deadline, "the delta was not refused"
+            await asyncio.sleep(0.001)
+        assert ch.mirror().depth([5], 0.8) == 0.0 and not ch.mirror().attached
+    finally:
+        ch.close()
+
+
+@needs_shared
 def test_the_shared_child_writes_in_place_and_sends_a_descriptor_only_for_a_new_segment():
     from router.kvevents.sidecar_main import Sidecar, child_config
     from router.kvevents.sidecar_wire import FrameReader
