@@ -63,10 +63,6 @@ static Py_ssize_t bulk(KeySet *s, PyObject *args, key_op op) {
         const char *p = (const char *)view.buf;
         for (Py_ssize_t j = start; j < stop; j++) {
             uint64_t k;
-            if (PREFETCH_AHEAD && j + PREFETCH_AHEAD < stop) {
-                memcpy(&k, p + 8 * (j + PREFETCH_AHEAD), 8);
-                prefetch_slot(&s->t, k, 1);
-            }
             memcpy(&k, p + 8 * j, 8);
             int r = op(&s->t, k);
             if (r < 0) {
@@ -235,10 +231,6 @@ static PyObject *keyset_depth(PyObject *Py_UNUSED(module), PyObject *const *args
         Py_ssize_t n = view.len / 8;
         for (Py_ssize_t j = 0; j < n; j++) {
             uint64_t k;
-            if (PREFETCH_AHEAD && j + PREFETCH_AHEAD < n) {
-                memcpy(&k, p + 8 * (j + PREFETCH_AHEAD), 8);
-                prefetch_slot(&gpu->t, k, 0);
-            }
             memcpy(&k, p + 8 * j, 8);
             if (contains(&gpu->t, k))
                 total += 1.0;

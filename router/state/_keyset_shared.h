@@ -86,48 +86,27 @@ static int w_insert(SharedKeys *s, int t, uint64_t k) {
         STORE(&s->h[H_ZERO], s->h[H_ZERO] | (1ULL << t));
         return added;
     }
-    uint64_t mask = s->cap[t] - 1, i = mix(k) & mask, *slots = s->slots[t];
-    for (;;) {
-        uint64_t v = slots[i];
-        if (v == k)
-            return 0;
-        if (v == 0)
-            break;
-        i = (i + 1) & mask;
-    }
-    STORE(&slots[i], k);
+    int found;
+    size_t i = probe_slot(s->slots[t], (size_t)s->cap[t] - 1, k, &found);
+    if (found)
+        return 0;
+    STORE(&s->slots[t][i], k);
     STORE(&s->h[H_USED0 + t], s->h[H_USED0 + t] + 1);
     return 1;
 }
 
-/* The writer's erase, by backward shift as in _keyset_table.h's: 1 if removed. */
+/* The writer's erase, by _keyset_table.h's backward shift (its stores are atomic): 1 if removed. */
 static int w_erase(SharedKeys *s, int t, uint64_t k) {
     if (k == 0) {
         int had = (s->h[H_ZERO] >> t) & 1;
         STORE(&s->h[H_ZERO], s->h[H_ZERO] & ~(1ULL << t));
         return had;
     }
-    uint64_t mask = s->cap[t] - 1, i = mix(k) & mask, *slots = s->slots[t];
-    for (;;) {
-        uint64_t v = slots[i];
-        if (v == k)
-            break;
-        if (v == 0)
-            return 0;
-        i = (i + 1) & mask;
-    }
-    uint64_t hole = i;
-    for (uint64_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-        uint64_t v = slots[j];
-        if (v == 0)
-            break;
-        uint64_t home = mix(v) & mask;
-        if (((j - home) & mask) >= ((j - hole) & mask)) {
-            STORE(&slots[hole], v);
-            hole = j;
-        }
-    }
-    STORE(&slots[hole], 0);
+    int found;
+    size_t i = probe_slot(s->slots[t], (size_t)s->cap[t] - 1, k, &found);
+    if (!found)
+        return 0;
+    shift_out(s->slots[t], (size_t)s->cap[t] - 1, i);
     STORE(&s->h[H_USED0 + t], s->h[H_USED0 + t] - 1);
     return 1;
 }

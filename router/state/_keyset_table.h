@@ -34,26 +34,39 @@ static inline size_t mix(uint64_t k) { /* murmur3's finalizer: sequential keys s
     return (size_t)k;
 }
 
-/* Start loading the slot where k's probe begins: bulk updates and depth() issue it a few
- * keys ahead, so the cache misses of a large table overlap instead of queueing one by one
- * (a hint only: it never faults and changes nothing). */
-#if defined(__GNUC__) || defined(__clang__)
-#define PREFETCH_AHEAD 8
-static inline void prefetch_slot(const KeyTable *s, uint64_t k, int write) {
-    const uint64_t *at = &s->slots[mix(k) & (s->cap - 1)];
-    if (write)
-        __builtin_prefetch(at, 1, 3);
-    else
-        __builtin_prefetch(at, 0, 3);
+/* Probe the run of k's home slot in slots[0..mask]: k's slot if it is there, else the
+ * empty slot that ends the run (where k would go), with *found saying which. */
+static inline size_t probe_slot(const uint64_t *slots, size_t mask, uint64_t k, int *found) {
+    size_t i = (size_t)mix(k) & mask;
+    for (;;) {
+        uint64_t v = slots[i];
+        if (v == k || v == EMPTY) {
+            *found = v == k;
+            return i;
+        }
+        i = (i + 1) & mask;
+    }
 }
-#else
-#define PREFETCH_AHEAD 0
-static inline void prefetch_slot(const KeyTable *s, uint64_t k, int write) {
-    (void)s;
-    (void)k;
-    (void)write;
+
+/* Empty slots[i] by backward shift: each later key of the run whose home is not cyclically
+ * in (hole, its slot] moves into the hole, so no tombstone is left. Stores are atomic and
+ * in this order (a moved key is written into its new slot before its old one is cleared)
+ * because a shared segment's readers look on from another process (_keyset_shared.h);
+ * for a private table they cost what plain stores do. */
+static inline void shift_out(uint64_t *slots, size_t mask, size_t i) {
+    size_t hole = i;
+    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+        uint64_t v = slots[j];
+        if (v == EMPTY)
+            break;
+        size_t home = (size_t)mix(v) & mask;
+        if (((j - home) & mask) >= ((j - hole) & mask)) { /* home is not in (hole, j]: v may move back */
+            __atomic_store_n(&slots[hole], v, __ATOMIC_RELAXED);
+            hole = j;
+        }
+    }
+    __atomic_store_n(&slots[hole], EMPTY, __ATOMIC_RELAXED);
 }
-#endif
 
 static inline size_t size_special(const KeyTable *s) {
     return (size_t)((s->special & HAS_ZERO) != 0) + (size_t)((s->special & HAS_ONE) != 0);
@@ -120,23 +133,16 @@ static int insert(KeyTable *s, uint64_t k) {
     }
     if ((s->used + 1) * 4 > s->cap * 3 && rehash(s, cap_for(s->used + 1)) < 0)
         return -1;
-    size_t mask = s->cap - 1, i = mix(k) & mask;
-    for (;;) {
-        uint64_t v = s->slots[i];
-        if (v == k)
-            return 0;
-        if (v == EMPTY)
-            break;
-        i = (i + 1) & mask;
-    }
+    int found;
+    size_t i = probe_slot(s->slots, s->cap - 1, k, &found);
+    if (found)
+        return 0;
     s->slots[i] = k;
     s->used++;
     return 1;
 }
 
-/* 1 if removed, 0 if it was not there. Backward shift: each later key of the probe run
- * whose home is not cyclically in (hole, its slot] moves into the hole, so no tombstone is
- * left and a probe never walks past a dead slot. */
+/* 1 if removed, 0 if it was not there (by backward shift: shift_out). */
 static int erase(KeyTable *s, uint64_t k) {
     if (k <= FLAG_MAX) {
         unsigned int bit = k == EMPTY ? HAS_ZERO : HAS_ONE;
@@ -144,27 +150,11 @@ static int erase(KeyTable *s, uint64_t k) {
         s->special &= ~bit;
         return had;
     }
-    size_t mask = s->cap - 1, i = mix(k) & mask;
-    for (;;) {
-        uint64_t v = s->slots[i];
-        if (v == k)
-            break;
-        if (v == EMPTY)
-            return 0;
-        i = (i + 1) & mask;
-    }
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-        uint64_t v = s->slots[j];
-        if (v == EMPTY)
-            break;
-        size_t home = mix(v) & mask;
-        if (((j - home) & mask) >= ((j - hole) & mask)) { /* home is not in (hole, j]: v may move back */
-            s->slots[hole] = v;
-            hole = j;
-        }
-    }
-    s->slots[hole] = EMPTY;
+    int found;
+    size_t i = probe_slot(s->slots, s->cap - 1, k, &found);
+    if (!found)
+        return 0;
+    shift_out(s->slots, s->cap - 1, i);
     s->used--;
     return 1;
 }
