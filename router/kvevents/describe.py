@@ -17,7 +17,7 @@ from typing import Any
 
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar import SidecarIngest
-from router.state.shared_mirror import SharedMirrorTable
+from router.state.shared_mirror import segment_bytes
 
 
 def describe(ingest: KVEventIngest) -> dict[str, Any]:
@@ -36,7 +36,6 @@ def describe(ingest: KVEventIngest) -> dict[str, Any]:
         ],
         "instances": {inst: {"fresh": residency.is_fresh(inst),
                              "blocks": sum(len(t) for t in residency.tables(inst).values()),
-                             "shared_bytes": sum(t.segment_bytes for t in residency.tables(inst).values()
-                                                 if isinstance(t, SharedMirrorTable))}
+                             "shared_bytes": segment_bytes(residency.tables(inst).values())}
                       for inst in residency.instances()},
     }

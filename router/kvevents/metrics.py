@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from router.kvevents.ingest import KVEventIngest
 from router.kvevents.sidecar import SidecarIngest
 from router.state.precise_store import PreciseStore
-from router.state.shared_mirror import SharedMirrorTable
+from router.state.shared_mirror import segment_bytes
 
 _BLOCK_OPS = ("stored_blocks", "removed_blocks", "orphans", "refused", "unknown_removals")
 _STREAM = ("gaps", "restarts", "malformed", "duplicates", "replays", "replays_failed", "resyncs", "dropped_pending")
@@ -80,6 +80,5 @@ class KVEventsCollector:
                                            "Shared memory of an instance's tables, mapped by the router and its sidecar "
                                            "(present once, counted in both processes' RSS)", labels=["engine"])
                 for inst in residency.instances():
-                    shared.add_metric([inst], sum(t.segment_bytes for t in residency.tables(inst).values()
-                                                  if isinstance(t, SharedMirrorTable)))
+                    shared.add_metric([inst], segment_bytes(residency.tables(inst).values()))
                 yield shared

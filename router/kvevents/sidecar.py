@@ -61,7 +61,7 @@ SLICE_KEYS = 2048
 def mirror_kind(kv: KVEventsConfig) -> Literal["shared", "deltas"]:
     """How the sidecar's tables reach the loop: shared memory where asked and possible
     (native key sets, Linux), else deltas the loop applies."""
-    if not kv.native_key_sets or key_sets(True) != "native":
+    if key_sets(kv.native_key_sets) != "native":
         return "deltas"
     return shared_tables(kv.shared_tables)
 
@@ -281,7 +281,11 @@ class SidecarIngest(KVEventIngest):
         try:
             if flags & socket.MSG_CTRUNC:
                 raise ChannelError("segment descriptors were cut off")
+            shared = self.mirror == "shared"
             for kind, body in self._frames.feed(data):
+                if (kind == DELTA and shared) or (kind == SEGMENT and not shared):
+                    raise ChannelError(f"a {'delta' if shared else 'segment'} frame, with the tables "
+                                       f"{'in shared memory' if shared else 'shipped as deltas'}")
                 if kind == DELTA:
                     self._pending.append((kind, decode_delta(body)))
                 elif kind == SEGMENT:
@@ -307,9 +311,7 @@ class SidecarIngest(KVEventIngest):
                 assert isinstance(item, DeltaFrame)
                 if self._gens.get(item.instance) == item.gen:  # else: a closed subscription's
                     table = self.residency.table(item.instance, item.rank)
-                    if isinstance(table, SharedMirrorTable) or not isinstance(table, MirrorTable):
-                        self._unreadable(ChannelError("a delta for a table the sidecar writes in shared memory"))
-                        return
+                    assert isinstance(table, MirrorTable)  # not shared: _readable refused its deltas
                     done = table.apply_part(item.delta, self._head_done, budget)
                     budget -= max(done - self._head_done, 1)
                     if done < delta_changes(item.delta):
@@ -347,12 +349,11 @@ class SidecarIngest(KVEventIngest):
         """A table's new segment: mapped and read from now on, unless its subscription is
         closed (``map_segment`` closes the descriptor either way)."""
         instance, rank, gen = str(obj["instance"]), int(obj["rank"]), int(obj["gen"])
-        table = self.residency.table(instance, rank) if self._gens.get(instance) == gen else None
-        if not isinstance(table, SharedMirrorTable):
+        if self._gens.get(instance) != gen:
             os.close(fd)
-            if table is not None:
-                raise ChannelError("a segment for a table that is not shared")
             return
+        table = self.residency.table(instance, rank)
+        assert isinstance(table, SharedMirrorTable)  # shared: _readable refused segments otherwise
         mm, keys = map_segment(fd)
         table.attach(mm, keys)
 

@@ -156,11 +156,13 @@ class Continuation:
         final["choices"] = [choice]
         return b"data: " + json.dumps(final).encode() + b"\n\ndata: [DONE]\n\n"
 
+    def _limit_key(self) -> str:
+        """The body's token budget field: ``max_completion_tokens`` when set, else ``max_tokens``."""
+        return "max_completion_tokens" if self._body.get("max_completion_tokens") is not None else "max_tokens"
+
     def spent(self) -> bool:
         """Every token the request allowed went out."""
-        limit = self._body.get("max_completion_tokens")
-        if limit is None:
-            limit = self._body.get("max_tokens")
+        limit = self._body.get(self._limit_key())
         return limit is not None and self.progress.tokens >= int(limit)
 
     # -- continuing ------------------------------------------------------------------------
@@ -168,7 +170,7 @@ class Continuation:
         """The request that goes on from here, or None when it cannot."""
         p = self.progress
         body = dict(self._body)
-        limit_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        limit_key = self._limit_key()
         if body.get(limit_key) is not None:
             left = int(body[limit_key]) - p.tokens
             if left < 1:

@@ -19,7 +19,7 @@ import contextlib
 import mmap
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 from router.state.precise_mirror import MirrorTable, TableDelta
@@ -130,6 +130,11 @@ class SegmentWriter:
         self.keys = None
         _unmap(self._mm)
         self._mm = None
+
+
+def segment_bytes(tables: Iterable[object]) -> int:
+    """The shared memory of these tables' segments (0 for tables that are not shared)."""
+    return sum(t.segment_bytes for t in tables if isinstance(t, SharedMirrorTable))
 
 
 class SharedMirrorTable(MirrorTable):
