@@ -11,11 +11,15 @@ request in flight. Both lie about the room an engine has.
 
 A ``PinCounts`` keeps the union as the tree it is: block keys are chained, so every booking
 holding a block holds the blocks before it, and the union is closed under prefixes. It holds
-every ``PIN_STRIDE``-th key of a chain and its last one, each standing for the blocks since the
-previous one (``PIN_STRIDE`` of them, or fewer for a chain's unaligned last key: the same weight
-in every chain, a key's position being fixed by the chaining): a booking of a 512-block prompt
-touches 64 keys, not 512, and the union is over-counted by at most ``PIN_STRIDE - 1`` blocks per
-distinct chain end in flight (never under-counted). Each key in it stores how many bookings'
+the keys of a chain at fixed positions (the grid) and its last one, each standing for the
+blocks since the previous one (the same weight in every chain, a key's position being fixed by
+the chaining). The grid is every ``PIN_STRIDE``-th block up to ``PIN_FINE``, then
+``PIN_PER_OCTAVE`` keys per doubling of the position (block 256-512 every 16th, 512-1024 every
+32nd, ...): a booking of a 512-block prompt touches 48 keys, not 512, a 2,048-block one 80,
+not 256 (each of those cost the Redis store a field written at the booking and deleted at the
+release: ~250 of the ~540 us redis-server spent per 128K-token decision and release). The
+union is over-counted by less than one grid step per distinct chain end in flight, at most
+1/16 of the blocks before it (never under-counted). Each key in it stores how many bookings'
 pinned chains end there and how many of its children are in the union; a key is held while
 either is non-zero. So a booking touches only the keys it is the first to pin (found by
 bisecting the prefix already in the union) and a release only the keys it frees, whereas
@@ -34,20 +38,52 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 
-PIN_STRIDE = 8  # router/state/lua/pins.lua has its own copy (a test checks they agree)
+# router/state/lua/pins.lua has its own copy of these three (a test checks they agree)
+PIN_STRIDE = 8  # the grid's step up to PIN_FINE blocks
+PIN_FINE = 256
+PIN_PER_OCTAVE = 16  # grid keys per doubling of the position beyond PIN_FINE
+_FINE_KEYS = PIN_FINE // PIN_STRIDE
+
+
+def grid_count(blocks: int) -> int:
+    """How many grid positions are at most ``blocks`` (1-based)."""
+    if blocks <= PIN_FINE:
+        return max(blocks, 0) // PIN_STRIDE
+    count, lo = _FINE_KEYS, PIN_FINE
+    while blocks >= 2 * lo:
+        count += PIN_PER_OCTAVE
+        lo *= 2
+    return count + (blocks - lo) // (lo // PIN_PER_OCTAVE)
+
+
+def grid_pos(t: int) -> int:
+    """The ``t``-th grid position (1-based)."""
+    if t <= _FINE_KEYS:
+        return t * PIN_STRIDE
+    t, lo = t - _FINE_KEYS, PIN_FINE
+    while t > PIN_PER_OCTAVE:
+        t -= PIN_PER_OCTAVE
+        lo *= 2
+    return lo + t * (lo // PIN_PER_OCTAVE)
 
 
 def pin_keys(keys: Sequence[int]) -> list[int]:
-    """The keys of a chain that are pinned: every ``PIN_STRIDE``-th, and the last."""
-    sampled = list(keys[PIN_STRIDE - 1::PIN_STRIDE])
-    if len(keys) % PIN_STRIDE:
+    """The keys of a chain that are pinned: those at grid positions, and the last."""
+    n = len(keys)
+    sampled = list(keys[PIN_STRIDE - 1:PIN_FINE:PIN_STRIDE])
+    lo = PIN_FINE
+    while lo < n:  # each octave (lo, 2 lo] at its step
+        step = lo // PIN_PER_OCTAVE
+        sampled += keys[lo + step - 1:2 * lo:step]
+        lo *= 2
+    if n and grid_pos(len(sampled)) != n:  # the last block is off the grid
         sampled.append(keys[-1])
     return sampled
 
 
 def covered(samples: int, blocks: int) -> int:
     """Blocks stood for by the first ``samples`` pinned keys of a ``blocks``-block chain."""
-    return min(samples * PIN_STRIDE, blocks)
+    return min(grid_pos(samples), blocks)
 
 
 class PinCounts:
@@ -81,7 +117,7 @@ class PinCounts:
         chain = pin_keys(keys)
         held = self._held_prefix(chain)
         reach = covered(held, blocks) + max(self.cap - self._size, 0)
-        m = len(chain) if reach >= blocks else max(held, reach // PIN_STRIDE)
+        m = len(chain) if reach >= blocks else max(held, grid_count(reach))
         if m == 0:
             return 0, 0
         new = covered(m, blocks) - covered(held, blocks)

@@ -59,7 +59,7 @@ async def test_two_warms_sharing_a_prefix_on_one_backup_book_it_once() -> None:
             assert standby.in_flight == 2
             union = (48 + 16 + 16) * BLOCK  # the shared prefix once, each session's own 16 blocks
             booked = await _booked_kv(store, "d1", union)
-            # pinned blocks are counted every PIN_STRIDE-th key (an over-count below one stride per chain
+            # pinned blocks are counted at the grid of pins.py (an over-count below one grid step per chain
             # end): never under the union, and far under both prompts booked whole (2,048 tokens)
             assert union <= booked < union + 2 * 8 * BLOCK < 2 * prompt_tokens
         finally:

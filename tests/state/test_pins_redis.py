@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 
 from router.state.base import Booking, Snapshot
 from router.state.memory import MemoryStore
-from router.state.pins import PIN_STRIDE
+from router.state.pins import PIN_FINE, PIN_STRIDE
 from router.state.redis_store import RedisStore
 
 BLOCK_TOKENS = 16
@@ -27,21 +27,23 @@ class Fixed:
         return None
 
 
-def prompt(rng: random.Random) -> tuple[int, ...]:
+def prompt(rng: random.Random, longest: int) -> tuple[int, ...]:
     """Chained block keys of a prompt through a small tree of shared prefixes (each key stands
-    for its whole prefix, as request/hashing.py's do); lengths off the stride too."""
+    for its whole prefix, as request/hashing.py's do); lengths off the grid too."""
     keys, key = [], 17
-    for _ in range(rng.randint(1, 9 * PIN_STRIDE)):
+    for _ in range(rng.randint(1, longest)):
         branch = rng.randrange(2) if rng.random() < 0.08 else 0
         key = (key * 1_000_003 + branch + 1) % (1 << 61)
         keys.append(key)
     return tuple(keys)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 async def test_the_lua_tree_books_and_releases_the_kv_the_memory_store_does(redis_url, key_prefix, seed):
     rng = random.Random(seed)
-    caps = {"a": 40 * PIN_STRIDE}  # below what the bookings in flight pin at times: the cap is met
+    # seeds 4 and 5: prompts across the grid's octaves (PIN_FINE and beyond)
+    longest, scale = (9 * PIN_STRIDE, 1) if seed <= 3 else (6 * PIN_FINE, 25)
+    caps = {"a": 40 * PIN_STRIDE * scale}  # below what the bookings in flight pin at times: the cap is met
     memory = MemoryStore(caps, 600.0)
     store = RedisStore(redis_url, caps, key_prefix=key_prefix)
     await store.start()
@@ -59,7 +61,7 @@ async def test_the_lua_tree_books_and_releases_the_kv_the_memory_store_does(redi
                 await memory.release(booking)
                 await store.release(booking)
             else:
-                keys = prompt(rng)
+                keys = prompt(rng, longest)
                 booking = Booking.single(f"r{step}", "a", 0, OWN, keys, BLOCK_TOKENS)
                 await memory.decide(keys, ["a"], Fixed(booking))
                 await store.decide(keys, ["a"], Fixed(booking))

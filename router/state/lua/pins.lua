@@ -21,8 +21,10 @@ end
 -- distinct blocks per epoch (a booking pins its leading blocks and stops at the first new one
 -- beyond the cap; the rest is booked as its own KV), one epoch field per instance, and an
 -- ended epoch's fields go with the last release (or lease expiry) of its bookings.
--- Only every PIN_STRIDE-th block of a chain and its last one are counted (router/state/pins.py,
--- whose PIN_STRIDE this copy must equal), each standing for the blocks since the previous one.
+-- Only a chain's blocks at grid positions and its last one are counted (router/state/pins.py,
+-- whose PIN_STRIDE, PIN_FINE and PIN_PER_OCTAVE these copies must equal), each standing for the
+-- blocks since the previous one: every PIN_STRIDE-th block up to PIN_FINE, then PIN_PER_OCTAVE
+-- per doubling of the position (a 2,048-block chain: 80 keys).
 -- The union of the pinned chains is prefix-closed (block keys are chained: a key stands for its
 -- whole prefix), so it is kept as the tree it is, as pins.py's PinCounts keeps it: one field per
 -- key in the union, valued children * KIDS + ends (how many of its children are in the union,
@@ -31,12 +33,38 @@ end
 -- it frees. (Counting holders per key instead wrote every key of the chain at each booking and
 -- release: a 2,048-block prompt held by bookings in flight cost 256 reads and 256 writes a time.)
 local PIN_STRIDE = 8
+local PIN_FINE = 256
+local PIN_PER_OCTAVE = 16
+local FINE_KEYS = PIN_FINE / PIN_STRIDE
 local KIDS = 67108864  -- 2^26: more bookings in flight than this never end at one key
 local KIDS_TEXT, LESS_KIDS = '67108864', '-67108864'
 
+-- How many grid positions are at most p; the t-th grid position (1-based).
+local function grid_count(p)
+  if p <= PIN_FINE then return math.floor(math.max(p, 0) / PIN_STRIDE) end
+  local count, lo = FINE_KEYS, PIN_FINE
+  while p >= 2 * lo do count = count + PIN_PER_OCTAVE; lo = 2 * lo end
+  return count + math.floor((p - lo) / (lo / PIN_PER_OCTAVE))
+end
+
+local function grid_pos(t)
+  if t <= FINE_KEYS then return t * PIN_STRIDE end
+  local lo = PIN_FINE
+  t = t - FINE_KEYS
+  while t > PIN_PER_OCTAVE do t = t - PIN_PER_OCTAVE; lo = 2 * lo end
+  return lo + t * (lo / PIN_PER_OCTAVE)
+end
+
+-- How many keys of a chain of n blocks are pinned: its grid positions, and its last block.
+local function pin_count(n)
+  local g = grid_count(n)
+  if n > 0 and grid_pos(g) ~= n then return g + 1 end
+  return g
+end
+
 -- The pinned key t (1-based) of a chain of n blocks keyed by hex: its block position, field.
 local function pin_pos(t, n)
-  return math.min(t * PIN_STRIDE, n)
+  return math.min(grid_pos(t), n)
 end
 
 local function pin_field(head, hex, t, n)
@@ -73,7 +101,7 @@ local function pin(S, inst, hex, cap)
   local epoch, distinct = epoch_of(S, inst)
   if not epoch then epoch = tostring(redis.call('HINCRBY', S.pin, '\30', 1)) end
   local head = inst .. '\31' .. epoch .. '\31'
-  local chain = math.ceil(nblocks / PIN_STRIDE)
+  local chain = pin_count(nblocks)
   local held = 0  -- leading keys of the chain in the union already (a prefix of it: bisected)
   if chain > 0 and redis.call('HEXISTS', S.pin, pin_field(head, hex, 1, nblocks)) == 1 then
     held = chain
@@ -89,7 +117,7 @@ local function pin(S, inst, hex, cap)
   local covered_held = held > 0 and pin_pos(held, nblocks) or 0
   local reach = covered_held + math.max(cap - distinct, 0)
   local m = chain
-  if reach < nblocks then m = math.max(held, math.floor(reach / PIN_STRIDE)) end
+  if reach < nblocks then m = math.max(held, grid_count(reach)) end
   if m == 0 then
     redis.call('HSET', S.pin, inst, epoch .. ':' .. distinct)  -- kept at 0 too: it names the instance's life
     return epoch, 0, 0
@@ -117,7 +145,7 @@ end
 -- ended (the instance was dropped, its booked load with it: the leg has nothing to release).
 local function unpin(S, inst, epoch, hex, n)
   local freed = 0
-  local chain = math.ceil(n / PIN_STRIDE)
+  local chain = pin_count(n)
   if chain > 0 then
     local head = inst .. '\31' .. epoch .. '\31'
     local last = pin_field(head, hex, chain, n)
