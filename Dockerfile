@@ -18,17 +18,19 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN pip wheel --wheel-dir /wheels --require-hashes --only-binary=:all: --requirement requirements.lock
 # Then the project's own wheel, without resolving its dependencies again. It compiles the
-# mirror tables' key sets (router/state/_keyset.c) and the sidecar's engine-block tables
-# (router/state/_tracked.c): a C compiler in this stage only (the runtime gets the built
-# wheel), and a check that the wheel holds both extensions, which the build would otherwise
-# skip quietly (they are optional, for installs without a compiler).
+# mirror tables' key sets (router/state/_keyset.c), the sidecar's engine-block tables
+# (router/state/_tracked.c) and the chained block keys (router/request/_chain.c): a C
+# compiler in this stage only (the runtime gets the built wheel), and a check that the wheel
+# holds the three extensions, which the build would otherwise skip quietly (they are
+# optional, for installs without a compiler).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
 RUN pip wheel --wheel-dir /wheels --no-deps . \
  && python -m zipfile -l /wheels/pd_router-*.whl | grep -q 'router/state/_keyset\.' \
- && python -m zipfile -l /wheels/pd_router-*.whl | grep -q 'router/state/_tracked\.'
+ && python -m zipfile -l /wheels/pd_router-*.whl | grep -q 'router/state/_tracked\.' \
+ && python -m zipfile -l /wheels/pd_router-*.whl | grep -q 'router/request/_chain\.'
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="pd-router" \

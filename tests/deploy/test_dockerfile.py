@@ -134,9 +134,9 @@ def test_runs_as_a_numeric_non_root_user(stages):
 
 
 def test_the_c_extension_is_compiled_in_the_build_stage_only_and_checked_in_the_wheel(stages):
-    """router/state/_keyset.c and _tracked.c are optional in pyproject (an install without a
-    compiler runs on Python sets and tables), so the build stage, which has gcc, must fail if
-    the wheel lacks either; the runtime stage stays without a compiler, and no host-built .so
+    """router/state/_keyset.c, _tracked.c and router/request/_chain.c are optional in pyproject
+    (an install without a compiler runs on Python sets, tables and hashing), so the build stage,
+    which has gcc, must fail if the wheel lacks any; the runtime stage stays without a compiler, and no host-built .so
     enters the context."""
     build = " && ".join(c.value[0] for c in commands(stages["build"], "RUN"))
     runtime = " && ".join(c.value[0] for c in commands(stages["runtime"], "RUN"))
@@ -146,7 +146,7 @@ def test_the_c_extension_is_compiled_in_the_build_stage_only_and_checked_in_the_
     [wheel] = [part for part in build.split("&&") if "pip wheel" in part and "--no-deps" in part]
     check = build[build.index(wheel):]
     modules = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"]
-    assert [m["name"] for m in modules] == ["router.state._keyset", "router.state._tracked"]
+    assert [m["name"] for m in modules] == ["router.state._keyset", "router.state._tracked", "router.request._chain"]
     assert all(m["optional"] for m in modules)
     for m in modules:
         assert f"zipfile -l /wheels/pd_router-*.whl | grep -q '{m['name'].replace('.', '/')}\\.'" in check

@@ -45,11 +45,12 @@ def _reference_chain(data: bytes, size: int, n: int, seed: int) -> list[int]:
 
 
 def test_chain_keys_is_the_one_block_at_a_time_chain_at_every_length():
-    from router.request.hashing import chain_keys
+    from router.request.hashing import chain_keys, python_chain_keys
 
     data = bytes(range(256)) * 300
     for n in (0, 1, 2, 63, 64, 65, 128, 130, 299):
-        assert chain_keys(data, 256, n, 12345) == _reference_chain(data, 256, n, 12345), n
+        reference = _reference_chain(data, 256, n, 12345)
+        assert chain_keys(data, 256, n, 12345) == reference == python_chain_keys(data, 256, n, 12345), n
 
 
 def test_token_chain_continues_where_a_shorter_prompt_stopped():
@@ -78,3 +79,32 @@ def test_ascii_text_keys_whether_the_tail_is_encoded_or_cut_off():
     for max_blocks in (40, 21, 20, 19, 3, 1):  # whole (tail <= prefix) down to cut off (tail > prefix)
         want = _reference_chain(text.encode("ascii"), 64, min(40, max_blocks), start)
         assert text_block_keys(text, 64, SEED, max_blocks) == want, max_blocks
+
+
+def test_the_c_chain_gives_the_bindings_keys_for_any_data_block_size_and_seed():
+    import random
+
+    import pytest
+
+    from router.request import hashing
+
+    if hashing._native_chain is None:
+        pytest.skip("router.request._chain was not built (no C compiler): hashing.py uses the binding")
+    rng = random.Random(7)
+    for block in (1, 3, 16, 64, 255, 256, 257, 1024, 4096):  # xxh3's short, mid and long input paths
+        for seed in (0, 1, 2**63, 2**64 - 1, rng.getrandbits(64)):
+            n = rng.randint(0, 40)
+            data = rng.randbytes(n * block + rng.randint(0, block))  # a partial tail block is left alone
+            native = hashing._native_chain(data, block, n, seed)
+            assert native == hashing.python_chain_keys(data, block, n, seed)
+            assert hashing._native_chain(memoryview(data), block, n, seed) == native
+            assert all(isinstance(k, int) and 0 <= k < 2**64 for k in native)
+    assert hashing._native_chain(b"x" * 64, 16, 0, 5) == [] == hashing._native_chain(b"", 16, -1, 5)
+    with pytest.raises(ValueError):
+        hashing._native_chain(b"x" * 63, 16, 4, 5)  # fewer blocks than asked for
+    with pytest.raises(ValueError):
+        hashing._native_chain(b"x" * 64, 0, 4, 5)
+    with pytest.raises(OverflowError):
+        hashing._native_chain(b"x" * 64, 16, 4, 2**64)  # a seed is a 64-bit key
+    with pytest.raises(TypeError):
+        hashing._native_chain("text", 16, 1, 5)  # bytes, not str
