@@ -100,6 +100,24 @@ def redis_server() -> Iterator[tuple[str, int]]:
             proc.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def floor_proxy(backends: Sequence[str]) -> Iterator[tuple[str, int]]:
+    """loadtests/floor_proxy.py (the least a Python asyncio proxy spends) in front of ``backends``, as (url, pid)."""
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "floor_proxy.py"), "--port", "0"]
+    for b in backends:
+        argv += ["--backend", b]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"floor proxy did not start (exit {proc.poll()})")
+        yield f"http://127.0.0.1:{line.split()[1]}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 @dataclass
 class Cell:
     """Pooled rounds of one (target, mode, concurrency)."""
@@ -177,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(ALL_PEERS))
     p.add_argument("--no-redis", action="store_true", help="skip pd-router on the Redis store")
+    p.add_argument("--floor", action="store_true",
+                   help="also measure loadtests/floor_proxy.py: a bare Python asyncio proxy, no routing (the floor)")
     p.add_argument("--baseline", metavar="REF", help="also measure pd-router (memory) as of this git commit")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="then py-spy each pd-router (memory) target this long; print the hottest frames")
@@ -211,6 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 old_red = stack.enter_context(pd_router(backends, source, redis_url=url))
                 targets[f"pd-router@{rev} (redis)"] = (old_red.url, old_red.process.pid)
                 side[f"pd-router@{rev} (redis)"] = redis_pid
+        if args.floor:
+            targets["python floor"] = stack.enter_context(floor_proxy(backends))
+            notes.append("python floor: `loadtests/floor_proxy.py` (uvloop + httptools both sides, keep-alive, bytes "
+                         "relayed as they come: no JSON, no routing, no metrics), the least a Python asyncio proxy "
+                         "spends per request")
         for peer in args.peers:
             try:
                 handle = stack.enter_context(peer_router(peer, Workers(regular=tuple(backends))))

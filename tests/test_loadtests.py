@@ -155,12 +155,13 @@ def test_cpu_per_request_end_to_end_without_peers(capsys: pytest.CaptureFixture[
         pytest.skip("needs two cores")
     affinity = os.sched_getaffinity(0)
     try:
-        assert cpu_per_request.main(["--peers", "--no-redis", "--concurrency", "2", "--duration", "0.3",
+        assert cpu_per_request.main(["--peers", "--no-redis", "--floor", "--concurrency", "2", "--duration", "0.3",
                                      "--warmup", "0.1", "--rounds", "1"]) == 0
     finally:
         os.sched_setaffinity(0, affinity)  # the script pins its own process to the load core
     out = capsys.readouterr().out
     assert "| plain | 2 | pd-router |" in out and "| stream | 2 | pd-router |" in out
+    assert "| plain | 2 | python floor |" in out and "| stream | 2 | python floor |" in out  # relays both, no errors
     assert all(line.rstrip().endswith("| 0 |") for line in out.splitlines() if line.startswith("| plain") or line.startswith("| stream"))
 
 
