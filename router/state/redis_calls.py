@@ -41,6 +41,7 @@ from redis.exceptions import (
 )
 
 from router.state.redis_layout import Arg, Op
+from router.state.redis_pipe import PipedLine, pack_command
 
 # What a failed call can raise (RedisClusterException is not a RedisError).
 FAILURES: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, OSError, asyncio.TimeoutError)
@@ -62,13 +63,8 @@ class LinearPackConnection(Connection):
             args = tuple(args[0].encode().split()) + args[1:]
         elif b" " in args[0]:
             args = tuple(args[0].split()) + args[1:]
-        encode: Callable[[Any], bytes] = self.encoder.encode
-        parts = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            kind = type(arg)  # str and int without the encoder's chain of type checks (same bytes)
-            data = arg.encode() if kind is str else b"%d" % arg if kind is int else encode(arg)
-            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-        return [b"".join(parts)]
+        # str, int and bytes without the encoder's chain of type checks (same bytes)
+        return [pack_command(args, self.encoder.encode)]
 
 
 class Line:
@@ -154,7 +150,10 @@ class Runner:
                  timeout_s: float | None = None) -> None:
         self._client = client
         self._cluster = cluster
-        self._line = None if isinstance(client, aioredis.RedisCluster) else Line(client.connection_pool, timeout_s)
+        self._line: Line | PipedLine | None = None
+        if not isinstance(client, aioredis.RedisCluster):
+            pool = client.connection_pool
+            self._line = PipedLine(pool, timeout_s) if PipedLine.serves(pool) else Line(pool, timeout_s)
         self._source = script_source()
         self._sha = ""
         self._slot_retry_s = slot_retry_s

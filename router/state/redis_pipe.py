@@ -1,0 +1,214 @@
+"""One pipelined connection for the standalone store's hot call (EVALSHA of lua/ops.lua).
+
+Why: the store's calls used a connection each, taken from a list of idle ones (redis_calls.Line).
+With more calls in flight than the list kept (64), every extra call opened a connection and
+closed it after: a TCP connect, CLIENT SETINFO, and redis-py resolving its own version from the
+package metadata for each (``DriverInfo``: 12% of the router's CPU at 256 streams in flight,
+loadtests/cpu_per_request.py, Redis row). Redis runs one command at a time whatever the number of
+connections, so nothing is gained by more than one: here every call is written on one
+connection as it comes (several calls in one loop pass leave in one ``send``) and the replies,
+which Redis sends in order, are matched to the calls in order, parsed by hiredis as they arrive.
+
+The rules that keep a reply from ever being read as another call's: a call's slot is queued in
+the same synchronous step as its bytes are written; a reply error (NOSCRIPT) is that call's
+exception, parsed whole, so the stream stays in step; a call that times out closes the
+connection (Redis is not answering: the calls behind it fail too, as they would have timed out)
+and the next call opens a new one; a lost connection fails every call in flight on it. The
+errors are redis-py's (ConnectionError, TimeoutError, its ResponseError classes), so the store
+handles them as it did. TCP and unix sockets; a TLS URL keeps redis_calls.Line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import hiredis
+from redis._parsers.base import BaseParser
+from redis.asyncio.connection import Connection, ConnectionPool, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import InvalidResponse
+
+Arg = str | int | float | bytes
+
+
+def pack_command(args: Sequence[Any], encode: Any = None) -> bytes:
+    """A command in RESP, joined once (redis_calls.LinearPackConnection says why)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode()
+        elif kind is int:
+            data = b"%d" % arg
+        elif kind is bytes:
+            data = arg
+        elif encode is not None:
+            data = encode(arg)
+        elif kind is float:
+            data = repr(arg).encode()
+        else:
+            raise TypeError(f"cannot send a {kind.__name__} to Redis")
+        parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+class _Wire(asyncio.Protocol):
+    """The socket: writes as they come, replies to the calls in order."""
+
+    def __init__(self, encoding: str | None) -> None:
+        kwargs: dict[str, Any] = {"protocolError": InvalidResponse, "replyError": BaseParser.parse_error}
+        if encoding:
+            kwargs["encoding"] = encoding
+        self._reader = hiredis.Reader(**kwargs)
+        self.pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.transport: asyncio.Transport | None = None
+        self.lost: BaseException | None = None
+        self._writable = asyncio.Event()
+        self._writable.set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are no asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes) -> asyncio.Future[Any]:
+        """Write one command; the future of its reply (slot queued in the same step)."""
+        if self.lost is not None or self.transport is None:
+            raise RedisConnectionError(f"Redis connection lost: {self.lost}")
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        self.transport.write(data)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        reader, pending = self._reader, self.pending
+        try:
+            reader.feed(data)
+            while (reply := reader.gets()) is not False:
+                if not pending:
+                    raise InvalidResponse("a reply no call asked for")
+                future = pending.popleft()
+                if future.done():  # its caller went away (cancelled): the reply is dropped, in step
+                    continue
+                if isinstance(reply, Exception):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+        except Exception as exc:  # a protocol error: nothing after it can be matched to a call
+            self.close(RedisConnectionError(f"Redis protocol error: {exc}"))
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    async def drain(self) -> None:
+        if not self._writable.is_set():
+            await self._writable.wait()
+
+    def close(self, why: BaseException) -> None:
+        if self.lost is None:
+            self.lost = why
+        while self.pending:
+            future = self.pending.popleft()
+            if not future.done():
+                future.set_exception(RedisConnectionError(str(why)))
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(exc or RedisConnectionError("Redis closed the connection"))
+        self._writable.set()
+
+
+class PipedLine:
+    """Calls over one pipelined connection (module docstring); the same ``call`` as Line."""
+
+    def __init__(self, pool: ConnectionPool, timeout_s: float | None) -> None:
+        kwargs = pool.connection_kwargs
+        self._unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
+        self._path = str(kwargs.get("path", ""))
+        self._host, self._port = str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379))
+        self._db = int(kwargs.get("db", 0) or 0)
+        self._username, self._password = kwargs.get("username"), kwargs.get("password")
+        self._encoding = kwargs.get("encoding", "utf-8") if kwargs.get("decode_responses") else None
+        self._timeout_s = timeout_s
+        self._wire: _Wire | None = None
+        self._connecting: asyncio.Task[_Wire] | None = None
+
+    @staticmethod
+    def serves(pool: ConnectionPool) -> bool:
+        """TCP and unix sockets without TLS (a TLS URL keeps redis_calls.Line)."""
+        cls = pool.connection_class
+        return issubclass(cls, (Connection, UnixDomainSocketConnection)) and not issubclass(cls, SSLConnection)
+
+    async def _open(self) -> _Wire:
+        loop = asyncio.get_running_loop()
+        encoding = self._encoding
+        if self._unix:
+            _, wire = await loop.create_unix_connection(lambda: _Wire(encoding), self._path)
+        else:
+            _, wire = await loop.create_connection(lambda: _Wire(encoding), self._host, self._port)
+        hello: list[asyncio.Future[Any]] = []
+        if self._password is not None:
+            auth = ("AUTH", self._username, self._password) if self._username else ("AUTH", self._password)
+            hello.append(wire.send(pack_command(auth)))
+        if self._db:
+            hello.append(wire.send(pack_command(("SELECT", self._db))))
+        try:
+            for reply in hello:
+                await reply  # a refused AUTH raises redis-py's AuthenticationError here
+        except BaseException as exc:
+            wire.close(exc)
+            raise
+        return wire
+
+    async def _connected(self) -> _Wire:
+        wire = self._wire
+        if wire is not None and wire.lost is None:
+            return wire
+        if self._connecting is None:  # one connect, shared by the calls that arrive meanwhile
+            self._connecting = asyncio.ensure_future(self._open())
+        connecting = self._connecting
+        try:
+            wire = await asyncio.shield(connecting)
+        except OSError as exc:
+            raise RedisConnectionError(f"Error connecting to Redis: {exc}") from exc
+        finally:
+            if self._connecting is connecting and connecting.done():
+                self._connecting = None
+        self._wire = wire
+        return wire
+
+    async def call(self, *args: Arg) -> Any:
+        data = pack_command(args)
+        used: _Wire | None = None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                used = await self._connected()
+                reply = used.send(data)
+                await used.drain()
+                return await reply
+        except TimeoutError:
+            if used is not None:  # Redis is not answering in time: a late reply must never meet a new call
+                used.close(TimeoutError("a call timed out"))
+                if self._wire is used:
+                    self._wire = None
+            raise
+
+    async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+            with contextlib.suppress(BaseException):
+                await self._connecting
+        wire, self._wire = self._wire, None
+        if wire is not None:
+            wire.close(RedisConnectionError("closed"))
