@@ -151,13 +151,18 @@ async def test_a_large_argument_and_reply_cross_whole(redis_url):
         await client.aclose()
 
 
-def test_commands_are_packed_as_redis_py_packs_them():
+def test_commands_are_packed_as_redis_py_packs_them(monkeypatch):
     from redis.asyncio.connection import Connection
 
-    args = ("EVALSHA", "ab" * 20, 2, "k1", "k\u00e9", -7, b"\x00raw", 1.5)
-    assert [pack_command(args)] == Connection().pack_command(*args)
-    with pytest.raises(TypeError):
-        pack_command(("SET", "k", object()))
+    from router.state import redis_pipe
+
+    args = ("EVALSHA", "ab" * 20, 2, "k1", "k\u00e9", -7, b"\x00raw", 1.5, 2**70)
+    for packer in (redis_pipe._C_PACK, None):  # hiredis's, then the Python one
+        monkeypatch.setattr(redis_pipe, "_C_PACK", packer)
+        assert [pack_command(args)] == [pack_command(list(args))] == Connection().pack_command(*args)
+        with pytest.raises(TypeError):
+            pack_command(("SET", "k", object()))
+        assert pack_command(("SET", "k", memoryview(b"v")), bytes) == Connection().pack_command("SET", "k", b"v")[0]
 
 
 async def test_the_store_runs_on_the_pipe_for_tcp_and_keeps_connections_per_call_for_tls(redis_url):
