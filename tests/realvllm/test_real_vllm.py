@@ -84,14 +84,26 @@ def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: s
         httpx.post(f"{busy.url}/v1/completions", timeout=120, json={
             "model": "tiny", "prompt": [10 + i] + [(j * 7 + i * 13) % 2000 + 3 for j in range(3500)], "max_tokens": 1})
 
-    # 24 (2 fit the 64 blocks at once): on a loaded host the engine may start each prompt as it
-    # arrives, and 8 were seen to leave at most 2 in the engine at any poll; 12 once left at most
-    # 1 on a quiet host (they drained as they came). 24 are ~6 s of prefill behind 2 slots.
-    # (Decode-bound blockers were tried: on a quiet host the engine answered /metrics only after
-    # they had finished, so no poll saw them running.)
-    threads = [threading.Thread(target=bypass, args=(i,), daemon=True) for i in range(24)]
-    for t in threads:
-        t.start()
+    # Bursts of 24 (2 fit the 64 blocks at once), one after another until the router has seen the
+    # queue (at most 8): on a loaded host the engine may start each prompt as it arrives, and 8
+    # were seen to leave at most 2 in the engine at any poll; 12 once left at most 1 on a quiet
+    # host (they drained as they came), and on a quiet faster host one burst of 24 drained
+    # between polls showing 1 (session 9's CI). (Decode-bound blockers were tried: on a quiet
+    # host the engine answered /metrics only after they had finished, so no poll saw them running.)
+    seen = threading.Event()
+
+    def bursts() -> None:
+        for burst in range(8):
+            threads = [threading.Thread(target=bypass, args=(burst * 24 + i,), daemon=True) for i in range(24)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+            if seen.is_set():
+                return
+
+    loader = threading.Thread(target=bursts, daemon=True)
+    loader.start()
     deadline = time.monotonic() + 60
     seen_running = seen_external = seen_prefill = 0.0
     while time.monotonic() < deadline and not (seen_running >= 1 and seen_external >= 3 and seen_prefill > 0):
@@ -102,6 +114,7 @@ def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: s
         seen_prefill = max(seen_prefill, router_sample(client, router, "pd_router_engine_external_load",
                                                        engine="vllm1", kind="prefill_tokens") or 0)
         time.sleep(0.05)
+    seen.set()  # the burst under way is the last
     assert seen_running >= 1 and seen_external >= 3 and seen_prefill > 0, (seen_running, seen_external, seen_prefill)
     before = [total(client, e, "http_requests_total", handler="/v1/completions") for e in (idle, busy)]
     r = client.post(f"{router}/v1/completions", json={"model": "tiny", "prompt": "a question nobody asked before",
@@ -110,8 +123,7 @@ def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: s
     after = [total(client, e, "http_requests_total", handler="/v1/completions") for e in (idle, busy)]
     assert after[0] == before[0] + 1, (before, after)  # the idle engine took it
     assert router_sample(client, router, "pd_router_engine_scrape_errors_total", engine="vllm1") == 0
-    for t in threads:
-        t.join(timeout=120)
+    loader.join(timeout=240)
     # the engine's own prefill histograms (observed as each request finishes) give a measured rate
     deadline = time.monotonic() + 20
     while (rate := router_sample(client, router, "pd_router_engine_prefill_tokens_per_s", engine="vllm1")) is None:
