@@ -79,6 +79,7 @@ class _Wire(asyncio.Protocol):
         self._reader = hiredis.Reader(**kwargs)
         self.pending: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._sent: collections.deque[float] = collections.deque()  # when each pending call was written
+        self._out: list[bytes] = []  # commands of this loop pass, not yet written
         self._timeout_s = timeout_s
         self._watch: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
@@ -102,10 +103,17 @@ class _Wire(asyncio.Protocol):
         future = loop.create_future()
         self.pending.append(future)
         self._sent.append(loop.time())
-        self.transport.write(data)
+        if not self._out:  # the calls of this loop pass leave in one write, at its end
+            loop.call_soon(self._flush)
+        self._out.append(data)
         if self._watch is None and self._timeout_s is not None:
             self._watch = loop.call_at(self._sent[0] + self._timeout_s, self._check)
         return future
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and self.lost is None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def _check(self) -> None:
         self._watch = None
