@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import encode_post, new_event_loop, run_load  # noqa: E402
 from loadtests.machine import busy_processes, contention_note  # noqa: E402
-from loadtests.overhead import pd_router, request_bodies, router_source, run_profile, zero_backend  # noqa: E402
+from loadtests.overhead import announced, pd_router, request_bodies, router_source, run_profile, zero_backend  # noqa: E402
 from loadtests.peers import ALL_PEERS, PEERS, PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools.process import free_port  # noqa: E402
@@ -106,16 +106,8 @@ def floor_proxy(backends: Sequence[str]) -> Iterator[tuple[str, int]]:
     argv = [sys.executable, str(Path(__file__).resolve().parent / "floor_proxy.py"), "--port", "0"]
     for b in backends:
         argv += ["--backend", b]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"floor proxy did not start (exit {proc.poll()})")
-        yield f"http://127.0.0.1:{line.split()[1]}", proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with announced(argv, "PORT", "floor proxy") as (port, pid):
+        yield f"http://127.0.0.1:{port}", pid
 
 
 @dataclass

@@ -73,19 +73,28 @@ def request_bodies(seed: int = 0) -> list[dict[str, object]]:
 
 
 @contextlib.contextmanager
-def zero_backend(ports: int = 2) -> Iterator[tuple[list[str], int]]:
-    """The zero backend on ``ports`` free loopback ports, as (urls, pid)."""
-    argv = [sys.executable, str(ROOT / "loadtests" / "zero_backend.py")] + ["--port", "0"] * ports
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+def announced(argv: Sequence[str], word: str, what: str) -> Iterator[tuple[str, int]]:
+    """A helper process that prints ``word`` and its port(s) once it listens: (what follows
+    the word, pid), stopped on exit."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
-        if not line.startswith("PORTS "):
-            raise RuntimeError(f"zero backend did not start (exit {proc.poll()})")
-        yield [f"http://127.0.0.1:{p}" for p in line.split()[1].split(",")], proc.pid
+        if not line.startswith(word + " "):
+            raise RuntimeError(f"{what} did not start (exit {proc.poll()})")
+        yield line.split()[1], proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def zero_backend(ports: int = 2) -> Iterator[tuple[list[str], int]]:
+    """The zero backend on ``ports`` free loopback ports, as (urls, pid)."""
+    argv = [sys.executable, str(ROOT / "loadtests" / "zero_backend.py")] + ["--port", "0"] * ports
+    with announced(argv, "PORTS", "zero backend") as (listed, pid):
+        yield [f"http://127.0.0.1:{p}" for p in listed.split(",")], pid
 
 
 @contextlib.contextmanager

@@ -1,15 +1,14 @@
-"""The standalone store's own connections for its hot call (redis_calls.Line), on a real
-redis-server: the errors redis-py's client gave, and no reply ever read as another call's."""
+"""The standalone store's connection per call (redis_calls.Line: TLS URLs; the others use
+redis_pipe.PipedLine), on a real redis-server: the errors redis-py's client gave, and no reply
+ever read as another call's. An unreachable Redis: tests/state/test_redis_pipe.py, for both."""
 
 import asyncio
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
-from router.state.redis_calls import FAILURES, LinearPackConnection, Line
-from router.tools.process import free_port
+from router.state.redis_calls import LinearPackConnection, Line
 
 
 def make_line(url: str, timeout_s: float = 1.0, keep: int = 64) -> tuple[aioredis.Redis, Line]:
@@ -40,17 +39,6 @@ async def test_a_reply_error_is_raised_and_keeps_the_connection(redis_url):
         assert await line.call("CLIENT", "ID") == first  # the same connection: its reply was read whole
         sha = await client.script_load("return {ARGV[1], tonumber(ARGV[2]) + 1}")
         assert await line.call("EVALSHA", sha, 0, "x", 41) == ["x", 42]
-    finally:
-        await line.close()
-        await client.aclose()
-
-
-async def test_an_unreachable_redis_fails_as_the_store_expects():
-    client, line = make_line(f"redis://127.0.0.1:{free_port()}/0")
-    try:
-        with pytest.raises(RedisConnectionError) as failed:
-            await line.call("PING")
-        assert isinstance(failed.value, FAILURES)
     finally:
         await line.close()
         await client.aclose()
