@@ -43,7 +43,7 @@ from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
 from router.state.redis_queue import WriteQueue
-from router.state.redis_views import book_reply, merged, merged_loads, shard_reads
+from router.state.redis_views import book_reply, drop_ops, merged, merged_loads, refresh_ops, shard_reads
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ class RedisStore(StateStore):
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the
         first choice recorded on instances that did not hold them before."""
         self.corrections += 1
-        ops = self._drop_ops(booking, shared) + self._read_ops(revised.keys, (), revised, record=True)
+        ops = drop_ops(self._layout, self._request_tokens, booking, shared) + self._read_ops(revised.keys, (), revised, record=True)
         try:
             replies = await self._call(ops)
         except FAILURES as exc:
@@ -330,20 +330,6 @@ class RedisStore(StateStore):
         self._mirror.book(revised)
         self._reindex({*booking.instances, *revised.instances})
         return revised
-
-    def _drop_ops(self, booking: Booking, held: Mapping[str, int]) -> list[Op]:
-        """Release ``booking`` and take back its blocks beyond what each instance ``held``."""
-        lay = self._layout
-        ops = [lay.writes(tag, self._request_tokens, [("R", booking.id)])
-               for tag in dict.fromkeys(lay.instance_tag(i) for i in booking.instances)]
-        if booking.keys:
-            shard = lay.residency_shard(booking.keys[0])
-            for inst in dict.fromkeys(booking.instances):
-                undo = booking.keys[held.get(inst, 0):]
-                if undo:
-                    ops.append(lay.unhold(shard, [(lay.block_id(k), inst) for k in undo]))
-                    ops.append(lay.unremember(inst, lay.members(booking.keys)[len(booking.keys) - len(undo):]))
-        return ops
 
     # -- the request's end -----------------------------------------------------------------
     async def prefill_leg_done(self, booking: Booking) -> None:
@@ -372,7 +358,7 @@ class RedisStore(StateStore):
         self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
             self._writes.discard(booking.id)  # the abandon drops the booking: nothing queued for it is left to do
-            await self._best_effort("abandon", self._drop_ops(booking, held))
+            await self._best_effort("abandon", drop_ops(self._layout, self._request_tokens, booking, held))
 
     async def forget_instance(self, instance: str) -> None:
         await self._mirror.forget_instance(instance)
@@ -408,9 +394,4 @@ class RedisStore(StateStore):
 
     async def refresh_leases(self) -> None:
         """Extend every live booking's lease (one round trip), sweeping expired ones."""
-        by_tag: dict[str, list[str]] = {tag: [] for tag in self._layout.instance_tags()}  # every shard is swept
-        for booking_id, booking in self._active.items():
-            for tag in dict.fromkeys(self._layout.instance_tag(i) for i in booking.instances):
-                by_tag.setdefault(tag, []).append(booking_id)
-        ops = [self._layout.refresh(tag, self._lease_ms, self._request_tokens, ids) for tag, ids in by_tag.items()]
-        await self._best_effort("refresh", ops)
+        await self._best_effort("refresh", refresh_ops(self._layout, self._active, self._lease_ms, self._request_tokens))

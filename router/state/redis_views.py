@@ -93,3 +93,26 @@ def book_reply(op: Op, reply: Any, loads: dict[str, Load], memo: dict[str, Load]
         loads.setdefault(low[j], parse_load(low[j + 1], memo))
     evicted = reply[2]
     return [(evicted[j], evicted[j + 1]) for j in range(0, len(evicted), 2)]
+
+
+def drop_ops(layout: Layout, request_tokens: float, booking: Booking, held: Mapping[str, int]) -> list[Op]:
+    """Release ``booking`` and take back its blocks beyond what each instance ``held``."""
+    ops = [layout.writes(tag, request_tokens, [("R", booking.id)])
+           for tag in dict.fromkeys(layout.instance_tag(i) for i in booking.instances)]
+    if booking.keys:
+        shard = layout.residency_shard(booking.keys[0])
+        for inst in dict.fromkeys(booking.instances):
+            undo = booking.keys[held.get(inst, 0):]
+            if undo:
+                ops.append(layout.unhold(shard, [(layout.block_id(k), inst) for k in undo]))
+                ops.append(layout.unremember(inst, layout.members(booking.keys)[len(booking.keys) - len(undo):]))
+    return ops
+
+
+def refresh_ops(layout: Layout, active: Mapping[str, Booking], lease_ms: int, request_tokens: float) -> list[Op]:
+    """Extend the leases of ``active`` bookings, one op per instance shard (every shard, so each is swept)."""
+    by_tag: dict[str, list[str]] = {tag: [] for tag in layout.instance_tags()}
+    for booking_id, booking in active.items():
+        for tag in dict.fromkeys(layout.instance_tag(i) for i in booking.instances):
+            by_tag.setdefault(tag, []).append(booking_id)
+    return [layout.refresh(tag, lease_ms, request_tokens, ids) for tag, ids in by_tag.items()]
