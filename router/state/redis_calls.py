@@ -29,7 +29,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, Connection
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import (
     AskError,
     ClusterError,
@@ -155,8 +154,6 @@ class Runner:
         if not isinstance(client, aioredis.RedisCluster):
             pool = client.connection_pool
             self._line = PipedLine(pool, timeout_s) if PipedLine.serves(pool) else Line(pool, timeout_s)
-        self._timeout_s = timeout_s
-        self._node_lines: dict[str, PipedLine] = {}  # Cluster: node name -> its pipelined connection
         self._source = script_source()
         self._sha = ""
         self._slot_retry_s = slot_retry_s
@@ -166,9 +163,6 @@ class Runner:
     async def close(self) -> None:
         if self._line is not None:
             await self._line.close()
-        lines, self._node_lines = self._node_lines, {}
-        for line in lines.values():
-            await line.close()
 
     async def load(self) -> None:
         """SCRIPT LOAD (on every primary of a Cluster)."""
@@ -216,46 +210,7 @@ class Runner:
         return replies
 
     async def _groups(self, ops: Sequence[Op], groups: dict[str, list[int]]) -> dict[str, Any]:
-        """One call per tag, all in one round trip: tag -> its replies, or what it raised.
-
-        Each call goes over its node's pipelined connection (redis_pipe.PipedLine: one per node,
-        as to a standalone Redis; redis-py's cluster pipeline cost the router 1.6x the
-        standalone store per request), the node taken from redis-py's slot map. A call
-        redirected (MOVED, ASK), refused while its slot moves (TRYAGAIN, CLUSTERDOWN) or whose
-        node connection failed goes once more through redis-py's cluster client, which follows
-        the redirect and patches its slot map for the next calls. TLS nodes: redis-py alone."""
-        client = self._client
-        assert isinstance(client, aioredis.RedisCluster)
-        tags = list(groups)
-        found = [client.get_node_from_key(tag) for tag in tags]
-        nodes = [node for node in found if node is not None and PipedLine.serves(node)]
-        if len(nodes) < len(found):  # a slot no node claims (redis-py raises it), or TLS
-            return await self._groups_redis_py(ops, groups)
-        calls = []
-        for tag, node in zip(tags, nodes):
-            line = self._node_lines.get(node.name)
-            if line is None:
-                line = self._node_lines[node.name] = PipedLine(node, self._timeout_s)
-            keys, argv = _encode([ops[i] for i in groups[tag]])
-            calls.append(line.call("EVALSHA", self._sha, len(keys), *keys, *argv))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        out: dict[str, Any] = {}
-        again: dict[str, list[int]] = {}
-        for tag, result in zip(tags, results):
-            if isinstance(result, NoScriptError):
-                raise result
-            if isinstance(result, (*SLOT_MOVING, RedisConnectionError)):
-                again[tag] = groups[tag]  # redis-py's to follow (and to learn the new slot map from)
-            elif isinstance(result, BaseException) and not isinstance(result, (RedisError, RedisClusterException)):
-                raise result
-            else:
-                out[tag] = result if isinstance(result, BaseException) else list(result)
-        if again:
-            out.update(await self._groups_redis_py(ops, again))
-        return out
-
-    async def _groups_redis_py(self, ops: Sequence[Op], groups: dict[str, list[int]]) -> dict[str, Any]:
-        """As :meth:`_groups`, through redis-py's cluster client and pipeline."""
+        """One call per tag, all in one round trip: tag -> its replies, or what it raised."""
         client = self._client
         assert isinstance(client, aioredis.RedisCluster)
         calls = []

@@ -25,11 +25,11 @@ import collections
 import contextlib
 import socket
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import hiredis
 from redis._parsers.base import BaseParser
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.connection import Connection, ConnectionPool, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse
 
@@ -172,18 +172,10 @@ class _Wire(asyncio.Protocol):
         self.close(exc or RedisConnectionError("Redis closed the connection"))
 
 
-class Endpoint(Protocol):
-    """Where to connect and how: a client's ConnectionPool, or a Cluster node (redis-py's
-    ClusterNode carries the same two fields)."""
-
-    connection_class: type[Any]
-    connection_kwargs: dict[str, Any]
-
-
 class PipedLine:
     """Calls over one pipelined connection (module docstring); the same ``call`` as Line."""
 
-    def __init__(self, pool: Endpoint, timeout_s: float | None) -> None:
+    def __init__(self, pool: ConnectionPool, timeout_s: float | None) -> None:
         kwargs = pool.connection_kwargs
         self._unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
         self._path = str(kwargs.get("path", ""))
@@ -196,7 +188,7 @@ class PipedLine:
         self._connecting: asyncio.Task[_Wire] | None = None
 
     @staticmethod
-    def serves(pool: Endpoint) -> bool:
+    def serves(pool: ConnectionPool) -> bool:
         """TCP and unix sockets without TLS (a TLS URL keeps redis_calls.Line)."""
         cls = pool.connection_class
         return issubclass(cls, (Connection, UnixDomainSocketConnection)) and not issubclass(cls, SSLConnection)

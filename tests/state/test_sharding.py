@@ -69,44 +69,6 @@ async def test_the_state_is_spread_over_every_cluster_node(redis_cluster_url, ke
         await store.close()
 
 
-async def test_cluster_calls_go_over_one_pipe_per_node_and_a_redirect_through_redis_py(redis_cluster_url, key_prefix,
-                                                                                      monkeypatch):
-    from router.state.redis_pipe import PipedLine
-
-    store = RedisStore(redis_cluster_url, {i: 100 for i in INSTANCES}, key_prefix=key_prefix, cluster=True,
-                       instance_shards=8, residency_shards=16)
-    await store.start()
-    runner = store._runner
-    fallbacks: list[list[str]] = []
-    slow_path = runner._groups_redis_py
-
-    async def counted(ops, groups):
-        fallbacks.append(sorted(groups))
-        return await slow_path(ops, groups)
-
-    monkeypatch.setattr(runner, "_groups_redis_py", counted)
-    try:
-        await decide_many(store)
-        lines = runner._node_lines
-        assert len(lines) == 3 and all(isinstance(line, PipedLine) for line in lines.values())  # one per node
-        assert fallbacks == []  # a stable slot map: redis-py's pipeline carried none of them
-        # a stale slot map: every tag sent to one wrong node, which answers MOVED (or, for its own
-        # slots, the answer): the moved calls go once more through redis-py, with the same results
-        client = store._client
-        wrong = client.get_nodes()[0]
-        monkeypatch.setattr(client, "get_node_from_key", lambda key, replica=False: wrong)
-        keys = [424242, 1, 2]
-        _, booking = await store.decide(keys, INSTANCES, GreedyChooser("moved", keys, only="i5"))
-        assert fallbacks, "no call met MOVED"
-        monkeypatch.undo()
-        snap = await store.snapshot(keys, ["i5"])
-        assert snap.matched["i5"] == 3 and snap.loads["i5"].requests >= 1  # booked and recorded where it belongs
-        await store.release(booking)
-        assert store.errors == 0
-    finally:
-        await store.close()
-
-
 @pytest.mark.parametrize("declare", [True, False])
 async def test_every_key_a_script_touches_is_declared(redis_url, key_prefix, declare):
     """MONITOR shows each command a script runs: its key must be among the call's KEYS (as a
