@@ -9,9 +9,9 @@ The chain is ``key_i = xxh3_64(block_i, seed=key_{i-1})`` from a seed that names
 and the domain (text characters or token ids, so the two never collide): :func:`chain_keys`,
 the one definition every caller uses (request keys, KV-event mapping, the replay). It is
 computed in C where the extension ``router.request._chain`` was built (xxHash's own code,
-the keys the binding computes: ~15 µs for a 128K-token prompt's 2,048 blocks), else without a
+the keys the binding computes: ~60 µs for a 128K-token prompt's 2,048 blocks), else without a
 Python-level loop per block: the prompt's bytes are split into blocks by ``struct`` (C) and
-hashed by ``map`` feeding each key back as the next seed (~155 µs for the same prompt; a
+hashed by ``map`` feeding each key back as the next seed (~165 µs for the same prompt; a
 per-block Python loop was ~100 µs for 512 blocks).
 """
 
