@@ -89,7 +89,7 @@ class View(NamedTuple):
     prefill: View | None = None  # the remote prefill instance of a disaggregated route
     cost: RouteCost | None = None  # the route's price, when its generator priced it (pd_pairs)
     confidence: float = 1.0  # that the engine still holds the matched run (residency.py's LRU model)
-    room: tuple[int, float] = FULL_ROOM  # (free blocks, re-prefills per token a copy displaces): residency.rooms
+    room: tuple[int, float, float] = FULL_ROOM  # (free blocks, re-prefills per displaced token there, in the pool)
 
     @property
     def id(self) -> str:

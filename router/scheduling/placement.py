@@ -11,7 +11,8 @@ re-miss evicts in turn; 0 where the store does not measure it). Both are priced 
 prefill time on that instance (``displacement`` x tokens / rate). A non-holder is kept only when its
 estimated TTFT plus that cost still beats the best holder: hot-spot replication, when the
 holders' queues outgrow what the copy costs; otherwise the prefix stays home, and the
-scorers choose among its holders.
+scorers choose among its holders. A prefix nobody holds (reason ``room``) goes where its
+TTFT plus what it evicts there costs the least: free room first (``_place_new``).
 
 ``rendezvous`` (picker): highest total, and among the near-ties the instance with the
 highest hash of (block key, instance id) — highest-random-weight hashing — where the key
@@ -38,11 +39,11 @@ from router.scheduling.scorers import TTFTScorer, shared_ttft
 from router.scheduling.store_cost import load_seconds
 
 
-def copy_tokens(duplicated: float, room: tuple[int, float], block: int) -> float:
+def copy_tokens(duplicated: float, room: tuple[int, float, float], block: int) -> float:
     """The tokens a copy of ``duplicated`` tokens costs on an instance with ``room`` (free
     blocks, re-prefills per evicted token: View.room): those it computes again, plus the
     future re-prefills of what it evicts beyond the free room."""
-    free, misses = room
+    free, misses = room[0], room[1]
     evicted = duplicated - free * block
     return duplicated + misses * evicted if evicted > 0.0 else duplicated
 
@@ -74,6 +75,40 @@ class CacheRoomFilter:
             recompute = min(recompute, load_seconds(req, p, tokens))
         return self._displacement * recompute
 
+    def _place_new(self, req: RouteRequest, routes: Sequence[View], prefilling: Sequence[View],
+                   cached: Sequence[float]) -> tuple[list[View], str | None]:
+        """A prefix nobody holds takes cache room wherever it goes: keep the routes whose TTFT
+        plus the re-prefills of what the prompt evicts beyond the instance's free room is the
+        least, so new prefixes fill free room before they push others out.
+
+        What an eviction costs is priced at the pool's re-prefills per evicted token (as of
+        the instance's last record: View.room), not the instance's own: in a pool under one
+        workload the instances' shares
+        differ mostly by sampling noise, and a prompt's thousands of evicted tokens times
+        several re-prefills each dwarf a queue of milliseconds, so pricing each one's own
+        sends every new prefix to whichever cache looks coldest until its queue grows by
+        seconds (in the replay matrix: p90 up to 1.9x the peers' where the mean keeps
+        0.86x). Free room is what is known per instance. Where no route would evict anything
+        that comes back, every route is kept and the scorers choose."""
+        prompt, block, rate, price = req.prompt_tokens, req.block_tokens, self._default_rate, self._displacement
+        costs = []
+        for p, c in zip(prefilling, cached):
+            free, _, misses = p.room
+            evicted = prompt - c - free * block
+            if evicted <= 0.0 or misses <= 0.0:
+                costs.append(0.0)
+                continue
+            seconds = misses * evicted / (p.candidate.prefill_tokens_per_s or rate)
+            if req.store is not None:  # with a shared store what it evicts comes back by a load
+                seconds = min(seconds, load_seconds(req, p, misses * evicted))
+            costs.append(price * seconds)
+        if not any(costs):
+            return list(routes), None
+        totals = [e + d for e, d in zip(self._ttft.estimates(req, routes), costs)]
+        best = min(totals)
+        kept = [r for r, t in zip(routes, totals) if t <= best]
+        return kept, ("room" if len(kept) < len(routes) else None)
+
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
         # View.prefilling.expected_cached_tokens, inlined (it runs for every candidate)
         prompt, block = req.prompt_tokens, req.block_tokens
@@ -81,8 +116,8 @@ class CacheRoomFilter:
         cached = [(prompt if p.matched_blocks * block > prompt else p.matched_blocks * block) * p.confidence
                   for p in prefilling]
         held = max(cached, default=0.0)
-        if held < block:
-            return list(routes), None  # nobody holds this prefix: nothing to protect
+        if held < block:  # nobody holds this prefix: its home is where it displaces the least
+            return self._place_new(req, routes, prefilling, cached)
         estimates = self._ttft.estimates(req, routes)
         floor = held - block  # a block short of the deepest still counts as a holder
         home = min(e for e, c in zip(estimates, cached) if c >= floor)

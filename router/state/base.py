@@ -67,10 +67,10 @@ class Snapshot:
     # instance -> confidence (0..1) that the engine still holds its matched run (the LRU
     # position model of residency.py); an instance absent here is taken at 1.0
     confidence: dict[str, float] = field(default_factory=dict)
-    # instance -> (free blocks, future re-prefills per token a copy displaces there): the
+    # instance -> (free blocks, future re-prefills per token displaced there, and in the pool): the
     # LRU displacement model of residency.py, read by placement during the decision (a
     # live view); an instance absent here is taken as full, with no re-prefill known
-    room: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    room: Mapping[str, tuple[int, float, float]] = field(default_factory=dict)
 
 
 @quick_init

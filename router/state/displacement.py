@@ -53,7 +53,8 @@ from types import MappingProxyType
 # at infinity.
 PRIOR_REUSE, MAX_REUSE = 0.5, 0.9
 WINDOW_CAPS = 4  # the counts forget over this many caches' worth of evictions
-FULL_ROOM: tuple[int, float] = (0, 0.0)  # (free blocks, re-prefills per displaced token) when unmeasured
+# (free blocks, re-prefills per displaced token there, the same for the pool) when unmeasured
+FULL_ROOM: tuple[int, float, float] = (0, 0.0, 0.0)
 
 
 class Displacement:
@@ -65,11 +66,13 @@ class Displacement:
         self._prior: dict[str, float] = {}  # decaying weight of the pool's share in the instance's own
         self._pool = [0.0, 0.0]  # the instances' re-used and expired counts together
         self._free: dict[str, int] = {}  # instance -> free blocks at its last record
-        self._room: dict[str, tuple[int, float]] = {}  # instance -> (free blocks, re-prefills per displaced token)
+        # instance -> (free blocks, re-prefills per displaced token there, in the pool as of its last record)
+        self._room: dict[str, tuple[int, float, float]] = {}
 
-    def rooms(self) -> Mapping[str, tuple[int, float]]:
-        """Per instance, (free blocks, re-prefills per displaced token): read-only and live;
-        an instance never recorded is absent (FULL_ROOM)."""
+    def rooms(self) -> Mapping[str, tuple[int, float, float]]:
+        """Per instance, (free blocks, re-prefills per displaced token there, the pool's as of
+        the instance's last record: its own share without the sampling noise of one cache):
+        read-only and live; an instance never recorded is absent (FULL_ROOM)."""
         return MappingProxyType(self._room)
 
     def pool_share(self) -> float:
@@ -135,4 +138,5 @@ class Displacement:
         reused = self._reused.get(instance, 0.0)
         settled = reused + self._expired.get(instance, 0.0) + weight
         share = min(MAX_REUSE, (reused + weight * prior) / settled if settled > 0.0 else prior)
-        self._room[instance] = (max(0, free), share / (1.0 - share))
+        pool = min(MAX_REUSE, prior)
+        self._room[instance] = (max(0, free), share / (1.0 - share), pool / (1.0 - pool))

@@ -144,9 +144,9 @@ class ResidencyIndex:
             for key in reversed(keys):
                 lru.move_to_end(key)
 
-    def rooms(self) -> Mapping[str, tuple[int, float]]:
-        """Per instance, (free blocks, future re-prefills per displaced token): what a copy
-        placed there costs the cache (displacement.py; read-only, live)."""
+    def rooms(self) -> Mapping[str, tuple[int, float, float]]:
+        """Per instance, (free blocks, future re-prefills per displaced token there and in the
+        pool): what a prompt placed there costs the cache (displacement.py; read-only, live)."""
         return self._displacement.rooms()
 
     def unrecord(self, instance: str, keys: Sequence[int]) -> None:

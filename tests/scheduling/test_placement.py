@@ -54,16 +54,16 @@ def test_the_price_of_a_copy_follows_what_it_displaces_there():
     heavy = {"matched": {"a": 32}, "prefill": {"a": 6000}}
     assert ttft().choose(req(), CANDS, snap(**heavy)).instance != "a"
     # full caches whose evictions come back three times over: the prefix stays home
-    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (0, 3.0) for i in "bcd"}))
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (0, 3.0, 3.0) for i in "bcd"}))
     assert d.instance == "a" and d.reason == "home"
     # the same, where the copy fits in free room: it evicts nothing, and is made
-    d = ttft().choose(req(), CANDS, snap(**heavy, room={"b": (40, 3.0), "c": (0, 3.0), "d": (0, 3.0)}))
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={"b": (40, 3.0, 3.0), "c": (0, 3.0, 3.0), "d": (0, 3.0, 3.0)}))
     assert d.instance == "b" and d.reason == "replicate"
     # room for most of it: the rest still displaces (256 tokens x 3 re-prefills: 0.608 s < 0.75 s)
-    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (28, 3.0) for i in "bcd"}))
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (28, 3.0, 3.0) for i in "bcd"}))
     assert d.instance != "a"
     # room for less (768 tokens x 3: 0.8 s)
-    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (20, 3.0) for i in "bcd"}))
+    d = ttft().choose(req(), CANDS, snap(**heavy, room={i: (20, 3.0, 3.0) for i in "bcd"}))
     assert d.instance == "a"
 
 
@@ -74,6 +74,34 @@ def test_a_new_prefix_is_not_filtered():
     views = build_views(CANDS, views_snap)
     kept, reason = flt.keep(req(), views)
     assert kept == views and reason is None
+
+
+def test_a_new_prefix_fills_free_room_before_it_pushes_other_prefixes_out():
+    # nobody holds it; a is idle but full, and what the pool evicts comes back once (1 re-prefill
+    # per token: 2048 / 8000 = 0.256 s); b has room for it and 0.1 s of queue: b takes it
+    rooms = {"a": (0, 1.0, 1.0), "b": (40, 1.0, 1.0), "c": (0, 1.0, 1.0), "d": (0, 1.0, 1.0)}
+    s = snap(prefill={"b": 800, "c": 800, "d": 800}, room=rooms)
+    d = ttft().choose(req(), CANDS, s)
+    assert d.instance == "b" and d.reason == "room" and set(d.filtered) == {"a", "c", "d"}
+    # more queue at b than the eviction costs at a: a after all, and every full route is priced alike
+    s = snap(prefill={"b": 3000, "c": 800, "d": 800}, room=rooms)
+    assert ttft().choose(req(), CANDS, s).instance == "a"
+    # where the pool's evictions are cold, nothing is filtered: the least loaded takes it
+    cold = {i: (r[0], 0.0, 0.0) for i, r in rooms.items()}
+    d = ttft().choose(req(), CANDS, snap(prefill={"b": 800, "c": 800, "d": 800}, room=cold))
+    assert d.instance == "a" and not d.filtered
+
+
+def test_a_new_prefix_is_priced_at_the_pools_share_not_each_caches_own():
+    # a's own evictions look hot, b's cold, the pool's share is the same for both: the
+    # prefix goes where it is served first (a), not to whichever cache looks coldest
+    rooms = {"a": (0, 5.0, 1.0), "b": (0, 0.1, 1.0), "c": (0, 1.0, 1.0), "d": (0, 1.0, 1.0)}
+    s = snap(prefill={"b": 400, "c": 800, "d": 800}, room=rooms)
+    assert ttft().choose(req(), CANDS, s).instance == "a"
+    # an instance never recorded (absent: FULL_ROOM) holds nothing to push out
+    del rooms["c"]
+    d = ttft().choose(req(), CANDS, snap(prefill={"a": 400, "b": 400, "c": 800, "d": 800}, room=rooms))
+    assert d.instance == "c" and d.reason == "room"
 
 
 def test_displacement_zero_is_plain_lowest_ttft():

@@ -109,7 +109,7 @@ async def test_both_stores_give_decisions_the_lru_confidence(make_store):
     other = list(range(100, 137))
     await store.decide(other, ["a"], GreedyChooser("z", other, only="a"))
     seen: list[dict[str, float]] = []
-    rooms: list[dict[str, tuple[int, float]]] = []
+    rooms: list[dict[str, tuple[int, float, float]]] = []
 
     class Spy(GreedyChooser):
         def __call__(self, snap):
@@ -122,7 +122,7 @@ async def test_both_stores_give_decisions_the_lru_confidence(make_store):
     assert 0.0 < seen[0]["a"] < 1.0 and 0.0 < snap.confidence["a"] < 1.0
     # and the cache room of the displacement model (router/state/displacement.py): one of a's
     # 40 blocks is free, nothing in the pool has settled (the prior: one re-prefill); b has seen nothing
-    assert rooms[0]["a"] == snap.room["a"] == (1, 1.0) and "b" not in rooms[0]
+    assert rooms[0]["a"] == snap.room["a"] == (1, 1.0, 1.0) and "b" not in rooms[0]
 
 
 def _session_near_the_old_end(idx: ResidencyIndex) -> list[int]:
