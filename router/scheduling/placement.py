@@ -68,10 +68,14 @@ class CacheRoomFilter:
         duplicated = held - p.expected_cached_tokens(req)
         if duplicated <= 0.0:
             return 0.0
-        tokens = copy_tokens(duplicated, p.room, req.block_tokens)
+        return self._redo_s(req, p, copy_tokens(duplicated, p.room, req.block_tokens))
+
+    def _redo_s(self, req: RouteRequest, p: View, tokens: float) -> float:
+        """The price of ``tokens`` prefilled again on ``p``'s instance: prefill seconds there,
+        or with a shared store a load, on the store as busy as it is now (store_cost.py),
+        whichever is less; times ``displacement``."""
         recompute = tokens / (p.candidate.prefill_tokens_per_s or self._default_rate)
-        if req.store is not None:  # with a shared store the displaced prefixes come back by a load,
-            # on the store as busy as it is now (store_cost.py)
+        if req.store is not None:
             recompute = min(recompute, load_seconds(req, p, tokens))
         return self._displacement * recompute
 
@@ -83,25 +87,19 @@ class CacheRoomFilter:
 
         What an eviction costs is priced at the pool's re-prefills per evicted token (as of
         the instance's last record: View.room), not the instance's own: in a pool under one
-        workload the instances' shares
-        differ mostly by sampling noise, and a prompt's thousands of evicted tokens times
-        several re-prefills each dwarf a queue of milliseconds, so pricing each one's own
-        sends every new prefix to whichever cache looks coldest until its queue grows by
-        seconds (in the replay matrix: p90 up to 1.9x the peers' where the mean keeps
-        0.86x). Free room is what is known per instance. Where no route would evict anything
-        that comes back, every route is kept and the scorers choose."""
-        prompt, block, rate, price = req.prompt_tokens, req.block_tokens, self._default_rate, self._displacement
+        workload the instances' shares differ mostly by sampling noise, and a prompt's
+        thousands of evicted tokens times several re-prefills each dwarf a queue of
+        milliseconds, so pricing each one's own sends every new prefix to whichever cache
+        looks coldest until its queue grows by seconds (in the replay matrix: p90 up to 1.9x
+        the peers' where the mean keeps 0.86x). Free room is what is known per instance.
+        Where no route would evict anything that comes back, every route is kept and the
+        scorers choose."""
+        prompt, block = req.prompt_tokens, req.block_tokens
         costs = []
         for p, c in zip(prefilling, cached):
             free, _, misses = p.room
             evicted = prompt - c - free * block
-            if evicted <= 0.0 or misses <= 0.0:
-                costs.append(0.0)
-                continue
-            seconds = misses * evicted / (p.candidate.prefill_tokens_per_s or rate)
-            if req.store is not None:  # with a shared store what it evicts comes back by a load
-                seconds = min(seconds, load_seconds(req, p, misses * evicted))
-            costs.append(price * seconds)
+            costs.append(self._redo_s(req, p, misses * evicted) if evicted > 0.0 and misses > 0.0 else 0.0)
         if not any(costs):
             return list(routes), None
         totals = [e + d for e, d in zip(self._ttft.estimates(req, routes), costs)]
