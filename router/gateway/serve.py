@@ -115,6 +115,10 @@ def serve(args: argparse.Namespace) -> int:
             config.server.max_header_bytes)),
         timeout_keep_alive=config.server.keepalive_timeout_s,
         access_log=False,
+        # uvicorn's X-Forwarded-For/-Proto rewriting of the scope's client and scheme: nothing
+        # in the router reads either (logs carry the request id, never a client address), and
+        # it wrapped every request in one more ASGI layer (~1% of its CPU)
+        proxy_headers=False,
         timeout_graceful_shutdown=args.shutdown_timeout,
     )
     return 0

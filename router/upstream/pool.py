@@ -217,6 +217,37 @@ class _Chunks:
         return chunk
 
 
+class UpstreamResponse(httpx.Response):
+    """An httpx.Response whose ``headers`` are built from the parsed raw list on first look.
+
+    Why: httpx.Response's constructor normalises every header into an ``httpx.Headers`` (~2 µs
+    of a request's CPU), yet the router's hot path never looks at them that way: the relay and
+    the service read the raw pairs (``UpstreamBody.raw_headers``). Everything else is the
+    httpx.Response a caller expects (same attributes, same methods); only an error answer,
+    cookies or a caller asking for ``headers`` pays for building them."""
+
+    def __init__(self, status_code: int, raw: list[tuple[bytes, bytes]], stream: UpstreamBody, reason: bytes,
+                 request: httpx.Request | None = None) -> None:
+        # httpx.Response.__init__ with a stream and no content, minus the header normalisation
+        self.status_code, self._raw_headers = status_code, raw
+        self._headers: httpx.Headers | None = None
+        self._request, self.next_request = request, None
+        self.extensions = {"http_version": b"HTTP/1.1", "reason_phrase": reason}
+        self.history, self.is_closed, self.is_stream_consumed = [], False, False
+        self.default_encoding, self.stream, self._num_bytes_downloaded = "utf-8", stream, 0
+
+    @property
+    def headers(self) -> httpx.Headers:
+        headers = self._headers
+        if headers is None:
+            headers = self._headers = httpx.Headers(self._raw_headers)
+        return headers
+
+    @headers.setter
+    def headers(self, value: httpx.Headers) -> None:
+        self._headers = httpx.Headers(value)
+
+
 class UpstreamTransport(httpx.AsyncBaseTransport):
     """A lean HTTP/1.1 keep-alive pool for ``http://`` instances; the rest (TLS, other methods,
     streamed request bodies) goes to httpx's own transport, built with the same limits.
@@ -258,8 +289,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         except BaseException:
             self.release(conn, reuse=False)
             raise
-        return httpx.Response(conn.status, headers=conn.headers, stream=UpstreamBody(self, conn, timeouts.get("read")),
-                              extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason})
+        return UpstreamResponse(conn.status, conn.headers, UpstreamBody(self, conn, timeouts.get("read")), conn.reason, request)
 
     async def _acquire(self, key: tuple[str, int], request: httpx.Request | None, timeouts: Mapping[str, float | None]) -> _Connection:
         # the warmest idle connection to ``key``, else a new one, else wait for a free slot

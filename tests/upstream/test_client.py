@@ -123,3 +123,44 @@ async def test_a_header_value_that_would_split_the_head_is_refused_before_sendin
                 raise AssertionError(f"sent {bad!r}")
     finally:
         await upstream.aclose()
+
+
+async def test_the_cached_head_follows_the_clients_default_headers_and_the_requests_own():
+    upstream = Upstream.open(max_connections=4, timeout_s=2.0)
+    recorder = Recorder()
+    try:
+        async with recorder as url:
+            for headers in ({"x-request-id": "a"}, {"x-request-id": "b", "user-agent": "mine/1"}):
+                for _ in range(2):  # the second of each is built from the cached prefix
+                    response = await upstream.send(url + "/v1/completions", b"{}", headers, TIMEOUT)
+                    await response.aread()
+                    await response.aclose()
+            upstream.client.headers["x-tenant"] = "t1"  # a default changed after the cache was filled
+            response = await upstream.send(url + "/v1/completions", b"{}", {"x-request-id": "c"}, TIMEOUT)
+            await response.aread()
+            await response.aclose()
+    finally:
+        await upstream.aclose()
+    heads = [{line.lower() for line in head.split(b"\r\n")} for head in recorder.heads]
+    assert all(b"x-tenant: t1" not in h for h in heads[:4]) and b"x-tenant: t1" in heads[4]
+    assert [sum(line.startswith(b"user-agent:") for line in h) for h in heads] == [1, 1, 1, 1, 1]  # overridden, not doubled
+    assert b"user-agent: mine/1" in heads[2] and b"user-agent: mine/1" in heads[3]
+    assert b"user-agent: mine/1" not in heads[4] and b"x-request-id: c" in heads[4]
+
+
+async def test_the_lean_response_has_httpxs_headers_once_asked_for():
+    upstream = Upstream.open(max_connections=4, timeout_s=2.0)
+    try:
+        async with Recorder() as url:
+            response = await upstream.send(url + "/x", b"{}", {}, TIMEOUT)
+            assert isinstance(response, httpx.Response)
+            assert response.headers["content-type"] == "application/json"  # built on first look, case-insensitive
+            assert response.headers is response.headers
+            assert response.reason_phrase == "OK" and response.http_version == "HTTP/1.1"
+            assert response.json() if await response.aread() else False
+            response.headers = {"x-new": "1"}
+            assert dict(response.headers) == {"x-new": "1"}
+            await response.aclose()
+            assert response.is_closed
+    finally:
+        await upstream.aclose()
