@@ -215,6 +215,7 @@ class Engine:
                 if n > 0:
                     prefills.append((r, n))
                     budget -= n
+                    self._commit_full_blocks(r, r.num_computed + n)
         while (self.waiting and budget > 0
                and len(self.running) < self.config.max_num_seqs):
             r = self.waiting[0]
@@ -226,6 +227,7 @@ class Engine:
             if n > 0:
                 prefills.append((r, n))
                 budget -= n
+                self._commit_full_blocks(r, r.num_computed + n)
         loads, self._loads = self._loads, []
 
         shape = StepShape(
@@ -298,10 +300,20 @@ class Engine:
         c.store_loaded_tokens += r.num_loaded
         return True
 
-    def _commit_full_blocks(self, r: EngineRequest) -> None:
+    def _commit_full_blocks(self, r: EngineRequest, tokens: int | None = None) -> None:
+        """Publish ``r``'s full blocks up to ``tokens`` (default: those computed) in the prefix cache.
+
+        The step publishes the blocks a prefill chunk will compute when it schedules the chunk,
+        as vLLM's ``allocate_slots`` caches them: a request admitted later in the same step hits
+        them instead of computing the same prefix again in the same batch (the forward pass
+        writes a layer's KV before its attention reads it). SGLang reaches the same end by
+        holding such a request back one batch (in-batch prefix caching), a step later."""
         hashes = r.hashes
         assert hashes is not None
-        full = min(r.num_computed // self.config.block_size, len(hashes))
+        computed = r.num_computed if tokens is None else tokens
+        full = min(computed // self.config.block_size, len(hashes))
+        if full <= r.num_committed:
+            return
         events = self.kv.events
         if events is None:
             for i in range(r.num_committed, full):

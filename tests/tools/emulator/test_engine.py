@@ -145,3 +145,33 @@ def test_pd_prefill_holds_and_decode_skips_transferred_tokens() -> None:
     run_virtual(make_engine(), [(0.0, local)])
     assert remote.ttft is not None and local.ttft is not None
     assert remote.ttft < local.ttft / 10
+
+
+def test_a_prefix_scheduled_in_the_same_step_is_computed_once() -> None:
+    """vLLM publishes a chunk's blocks when it schedules the chunk (allocate_slots), so a
+    request admitted later in the same step shares them: the shared prefix is computed once."""
+    prefix = tokens(1024, seed=7)
+    engine = make_engine(max_batched_tokens=8192)
+    a = EngineRequest("a", prefix + tokens(64, seed=8), 1)
+    b = EngineRequest("b", prefix + tokens(64, seed=9), 1)
+    engine.add_request(a, 0.0)
+    engine.add_request(b, 0.0)
+    out = engine.step(0.0)
+    assert a.num_cached == 0
+    assert b.num_cached == 1024  # every block of the shared prefix, from a's chunk of this very step
+    assert out.shape.prefill_tokens == 1088 + 64  # the prefix once, each request's own tail
+    assert a.first_token_time is not None and b.first_token_time is not None
+
+
+def test_a_long_prompt_s_last_chunk_is_shared_in_the_step_that_computes_it() -> None:
+    """A request admitted in the step that schedules a long prompt's last chunk hits every block
+    of it (before: only the chunks of earlier steps, 1,200 tokens here)."""
+    prompt = tokens(2048, seed=10)
+    engine = make_engine(max_batched_tokens=1200)
+    engine.add_request(EngineRequest("long", prompt, 1), 0.0)
+    engine.step(0.0)  # long's first 1,200 tokens take the whole budget
+    late = EngineRequest("late", prompt[:2000] + tokens(48, seed=11), 1)
+    engine.add_request(late, 0.0)
+    engine.step(0.0)  # long's last 848 tokens, then late in the budget left
+    assert late.schedule_time is not None
+    assert late.num_cached == 2000 // 16 * 16
