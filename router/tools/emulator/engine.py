@@ -337,8 +337,7 @@ class Engine:
 
     def _advance_prefill(self, r: EngineRequest, n: int, end: float,
                          events: list[Event], finished: list[EngineRequest]) -> None:
-        r.num_computed += n
-        self._commit_full_blocks(r)
+        r.num_computed += n  # its blocks were published when the step scheduled the chunk
         if r.num_computed < r.prompt_len:
             return
         token = self._token(r.sample_key, 0)
