@@ -4,7 +4,8 @@ Cells are workload x cache pressure x router knowledge (loadtests/matrix_cells.p
 cell draws its engines (profile, step-time slowdown, cache size) and its arrival rate at
 random from the seed, so no single profile can be fitted. Replay: pd-router's ``ttft``
 against the baselines that stand in for the peers (``sglang_cache_aware`` is the
-cache_aware rule both sglang-router and vllm-router implement) and the ``bound``. Live:
+cache_aware rule both sglang-router and vllm-router implement), the ``bound`` and
+``lru_alone`` (no queue, the hits of one LRU as large as the cluster's caches). Live:
 pd-router, sglang-router and vllm-router in front of the same emulated engines, the same
 trace sent open loop (loadtests/matrix_live.py).
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.machine import busy_processes, contention_note
 from loadtests.matrix_cells import Cell, Drawn, draw, select
 from loadtests.report import table, write_section
-from router.tools.replay.bound import bound_summary, gap_closed
+from router.tools.replay.bound import LRU_ALONE, bound_summary, gap_closed, lru_summary
 from router.tools.replay.run import replay
 
 SECTION = "Routing quality matrix"
@@ -83,11 +84,11 @@ def verdict(ours_p90: float | None, ours_hit: float | None, peers: dict[str, tup
 
 def replay_cell(d: Drawn) -> tuple[list[list[object]], str]:
     summaries = {name: replay(d.trace, d.spec, name, seed=1, ttft_slo_s=1e9).summary for name in REPLAY_POLICIES}
-    bound = bound_summary(d.trace, d.spec, 1e9)
+    bound, lru = bound_summary(d.trace, d.spec, 1e9), lru_summary(d.trace, d.spec, 1e9)
     baselines = {n: s for n, s in summaries.items() if n not in ("ttft", "ttft_spread")}
     best = min(baselines, key=lambda n: float(baselines[n]["ttft_p90"]))  # type: ignore[arg-type]
     rows: list[list[object]] = []
-    for name, s in [*summaries.items(), ("bound", bound)]:
+    for name, s in [*summaries.items(), ("bound", bound), (LRU_ALONE, lru)]:
         gap = gap_closed(float(s["ttft_p90"]), float(baselines[best]["ttft_p90"]), float(bound["ttft_p90"]))  # type: ignore[arg-type]
         rows.append([d.cell.name, name, _f(s.get("ttft_p50"), ".3f"), _f(s.get("ttft_p90"), ".3f"),
                      _f(s.get("hit_ratio"), ".3f"), _f(s.get("predicted_hit_ratio"), ".3f"),
@@ -146,7 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"TTFT in emulated seconds). Seed {args.seed}: engine profile, step-time slowdown (0.5-2x), cache size "
                 "(from the measured hot set and the pressure) and arrival rate (40-80% of the cluster's prefill capacity "
                 "for a perfect router) are drawn per cell. Replay peers: `sglang_cache_aware` is the cache_aware rule of "
-                "sglang-router and vllm-router; `gap closed` is (best baseline - policy) / (best baseline - bound) on p90. "
+                "sglang-router and vllm-router; `gap closed` is (best baseline - policy) / (best baseline - bound) on p90; "
+                "`lru_alone` is each request alone with the hits one LRU as large as the cluster's caches keeps. "
                 f"Target per cell: ttft p90 <= {P90_TARGET}x best peer and engine hit >= best peer - 2 points. "
                 f"Whole run {elapsed / 60:.0f} min.\n\n" + contention_note(busy))
         write_section(args.section, "python loadtests/quality_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:]),

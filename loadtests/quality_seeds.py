@@ -9,7 +9,10 @@ missing the hit target, the geometric mean of ttft's p90 over cache_aware's, and
 decisions (cache_room's ``replicate``) over all cells; per cell the figures, the verdict,
 and the bound's p90 over cache_aware's: where that is above the 0.8x target even the bound
 (every earlier block cached, no queue) could not meet it, and the cell is marked
-``out of reach``.
+``out of reach``. Beside it, ``lru_alone``'s (no queue either, but only the hits one LRU
+cache as large as the cluster's would keep: router.tools.replay.bound): above 0.8x, the
+cell is ``beyond the caches``, its target out of what placement alone could reach at this
+cache size, though not a bound.
 
 ``--json FILE`` keeps every cell's figures; ``--against FILE`` (a run of other code, e.g.
 main, with the same seeds and cells) prints and writes both side by side; ``--results FILE``
@@ -40,7 +43,7 @@ from loadtests.machine import busy_processes, contention_note
 from loadtests.matrix_cells import draw, select
 from loadtests.quality_matrix import HIT_MARGIN, P90_TARGET, verdict
 from loadtests.report import table, write_section
-from router.tools.replay.bound import bound_summary
+from router.tools.replay.bound import bound_summary, lru_summary
 from router.tools.replay.run import replay
 
 PEER, OURS = "sglang_cache_aware", "ttft"
@@ -58,6 +61,7 @@ class CellResult:
     homes: int  # cache_room's home decisions
     bound_p90: float
     verdict: str
+    lru_p90: float = math.nan  # lru_alone's (runs before it was measured have none)
 
     @property
     def meets(self) -> bool:
@@ -80,6 +84,15 @@ class CellResult:
     def out_of_reach(self) -> bool:
         return self.reach > P90_TARGET
 
+    @property
+    def cache_reach(self) -> float:
+        """lru_alone's p90 over cache_aware's (NaN when not measured)."""
+        return self.lru_p90 / self.peer_p90
+
+    @property
+    def beyond_caches(self) -> bool:
+        return self.cache_reach > P90_TARGET
+
 
 def run_cell(job: tuple[int, str, int]) -> CellResult:
     seed, name, requests = job
@@ -88,11 +101,12 @@ def run_cell(job: tuple[int, str, int]) -> CellResult:
     peer = replay(d.trace, d.spec, PEER, seed=1, ttft_slo_s=1e9).summary
     ours = replay(d.trace, d.spec, OURS, seed=1, ttft_slo_s=1e9).summary
     bound = bound_summary(d.trace, d.spec, 1e9)
+    lru = lru_summary(d.trace, d.spec, 1e9)
     reasons: dict[str, int] = ours["decisions_by_reason"]  # type: ignore[assignment]
     v = verdict(ours["ttft_p90"], ours["hit_ratio"], {"cache_aware": (peer["ttft_p90"], peer["hit_ratio"])})  # type: ignore[arg-type, dict-item]
     return CellResult(seed, name, float(peer["ttft_p90"]), float(peer["hit_ratio"]), float(ours["ttft_p90"]),  # type: ignore[arg-type]
                       float(ours["hit_ratio"]), reasons.get("replicate", 0), reasons.get("home", 0),  # type: ignore[arg-type]
-                      float(bound["ttft_p90"]), v.replace("misses: ", ""))  # type: ignore[arg-type]
+                      float(bound["ttft_p90"]), v.replace("misses: ", ""), float(lru["ttft_p90"]))  # type: ignore[arg-type]
 
 
 def run_all(seeds: Sequence[int], cells: Sequence[str], requests: int, jobs: int) -> list[CellResult]:
@@ -122,12 +136,14 @@ class SeedSummary:
     copies: int
     out_of_reach: int
     meeting_in_reach: int
+    beyond_caches: int
 
 
 def summarise(results: Sequence[CellResult]) -> SeedSummary:
     return SeedSummary(len(results), sum(r.meets for r in results), sum(r.misses_hit for r in results),
                        geomean([r.ratio for r in results]), sum(r.copies for r in results),
-                       sum(r.out_of_reach for r in results), sum(r.meets and not r.out_of_reach for r in results))
+                       sum(r.out_of_reach for r in results), sum(r.meets and not r.out_of_reach for r in results),
+                       sum(r.beyond_caches for r in results))
 
 
 def _by_seed(results: Sequence[CellResult]) -> dict[int, list[CellResult]]:
@@ -154,9 +170,10 @@ def seed_table(results: Sequence[CellResult], base: Sequence[CellResult] | None)
 
         rows.append([seed, s.cells, _pair(s, b, "meeting", "d"), _pair(s, b, "missing_hit", "d"),
                      _pair(s, b, "geomean_ratio", ".3f"), _pair(s, b, "copies", "d"), s.out_of_reach,
-                     _pair(s, b, "meeting_in_reach", "d")])
+                     _pair(s, b, "meeting_in_reach", "d"), s.beyond_caches])
     return table(["seed", "cells", "meeting the target", "missing the hit target", "geometric mean p90 / cache_aware",
-                  "copy decisions", "out of reach (bound > 0.8x)", "meeting, of those in reach"], rows)
+                  "copy decisions", "out of reach (bound > 0.8x)", "meeting, of those in reach",
+                  "beyond the caches (lru_alone > 0.8x)"], rows)
 
 
 def cell_table(results: Sequence[CellResult], base: Sequence[CellResult] | None) -> str:
@@ -164,13 +181,14 @@ def cell_table(results: Sequence[CellResult], base: Sequence[CellResult] | None)
     rows: list[list[object]] = []
     for r in results:
         reach = f"{r.reach:.2f}" + (" out of reach" if r.out_of_reach else "")
-        row: list[object] = [r.cell, f"{r.peer_p90:.3f} / {r.peer_hit:.3f}", reach]
+        lru = "—" if math.isnan(r.lru_p90) else f"{r.cache_reach:.2f}" + (" beyond the caches" if r.beyond_caches else "")
+        row: list[object] = [r.cell, f"{r.peer_p90:.3f} / {r.peer_hit:.3f}", reach, lru]
         b = theirs.get((r.seed, r.cell))
         if base is not None:
             row += [f"{b.p90:.3f} / {b.hit:.3f} / {b.copies}", b.verdict] if b else ["—", "—"]
         row += [f"{r.p90:.3f} / {r.hit:.3f} / {r.copies}", r.verdict]
         rows.append(row)
-    head = ["cell", "cache_aware p90 s / hit", "bound p90 / cache_aware's"]
+    head = ["cell", "cache_aware p90 s / hit", "bound p90 / cache_aware's", "lru_alone p90 / cache_aware's"]
     if base is not None:
         head += ["ttft base: p90 s / hit / copies", "verdict"]
     head += ["ttft: p90 s / hit / copies", "verdict"]
@@ -234,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "(`sglang_cache_aware`) and `ttft` as quality_matrix.py replays and judges them (target: p90 <= "
                 f"{P90_TARGET}x cache_aware's, hit >= its - {100 * HIT_MARGIN:.0f} pts), copies = cache_room's replicate "
                 "decisions, and the bound's p90 over cache_aware's: above 0.8x (`out of reach`) no policy could meet "
-                "the p90 target. " + ("" if args.results else contention_note(busy)))
+                "the p90 target; lru_alone's likewise (`beyond the caches`: no queue, the hits of one LRU as large as "
+                "the cluster's caches). " + ("" if args.results else contention_note(busy)))
         given = list(argv if argv is not None else sys.argv[1:])
         if "--note" in given:  # prose, not part of what reproduces the figures
             del given[given.index("--note"):given.index("--note") + 2]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import sys
 from pathlib import Path
@@ -205,9 +206,49 @@ def test_quality_matrix_replays_a_cell_and_reports_a_verdict(capsys: pytest.Capt
     assert quality_matrix.main(["--cells", "dispersed/0.5x/facts", "--no-live", "--requests", "40"]) == 0
     out = capsys.readouterr().out
     assert "| dispersed/0.5x/facts | replay |" in out and "| dispersed/0.5x/facts | bound |" in out
+    assert "| dispersed/0.5x/facts | lru_alone |" in out
     assert quality_matrix.main(["--cells", "nothing", "--no-live"]) == 2
     assert quality_matrix.verdict(0.5, 0.7, {"a": (1.0, 0.71)}) == "meets target"
     assert quality_matrix.verdict(0.9, 0.6, {"a": (1.0, 0.7)}) == "misses: p90 0.90x best peer, hit -10 pts"
+
+
+def test_quality_seeds_reports_both_references_and_reads_runs_from_before_lru(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import quality_seeds
+
+    out = tmp_path / "run.json"
+    assert quality_seeds.main(["--seeds", "1", "--cells", "dispersed/0.5x/facts", "--requests", "40", "--jobs", "1",
+                               "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["bound_p90"] <= row["lru_p90"] < math.inf
+    assert "lru_alone p90 / cache_aware's" in capsys.readouterr().out
+    del row["lru_p90"]  # a run written before the column existed
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps([row]))
+    assert quality_seeds.main(["--results", str(old)]) == 0
+    assert "| dispersed/0.5x/facts |" in capsys.readouterr().out
+
+
+def test_cache_reach_counts_what_each_cache_keeps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests import cache_reach
+    from router.tools.replay.trace import Trace, TraceRequest
+
+    a, b, c = (1, 2), (3, 4), (5, 6)  # 1,024-token prompts, two 512-token blocks each
+    order = [a, b, a, c, a, b]
+    trace = Trace("t", 512, tuple(TraceRequest(float(i), 1024, 4, blocks) for i, blocks in enumerate(order)))
+    r = cache_reach.reach(trace, 4 * 512)  # room for two prompts
+    assert r.infinite == pytest.approx(0.5)  # a, a, b again
+    assert r.lru == pytest.approx(1 / 3)  # c evicts b, so b's return misses
+    assert r.belady == pytest.approx(0.5)  # keeps a and b, lets c go at once
+    assert r.followup_gap_s == (2.0, 4.0, 4.0) and r.hold_s == pytest.approx(2048 / (6144 / 5))
+    assert cache_reach.reach(trace, 1 << 30).lru == pytest.approx(r.infinite)
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": 1024, "output_length": 4,
+                                        "hash_ids": [10 * i + 1, 10 * i + 2] if i != 2 else [1, 2]}) + "\n"
+                            for i in range(3)))
+    assert cache_reach.main([str(path), "--engines", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["hit_infinite"] == pytest.approx(1 / 3, abs=1e-4)
+    assert cache_reach.main([str(tmp_path / "missing.jsonl")]) == 2
 
 
 def test_decision_cost_measures_the_redis_store_in_one_round_trip(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:

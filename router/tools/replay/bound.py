@@ -7,6 +7,13 @@ chunks a lone prefill, times the cluster's step-time ``slowdown`` as the engines
 queue, a smaller cache or a transfer. (A PD cluster's TTFT also includes the KV transfer,
 which the bound leaves out, so it stays a bound there too.)
 
+``lru_alone``: each request alone on an idle engine again, but with the prefix hits one LRU
+cache of the cluster's whole KV capacity would give it (every earlier request's blocks
+inserted, the least recently used evicted). Not a bound (a partitioned cache can beat one
+global LRU, and no policy can keep the queue at zero), but the reach of routing on caches of
+this size: where even it stays far from the bound, the distance is cache capacity, which no
+placement recovers. Its ``gap_closed`` says how much of the target is within that reach.
+
 ``gap_closed`` = (best baseline - policy) / (best baseline - bound), on p90 TTFT: 1.0 is
 as good as the bound, 0.0 no better than the best baseline, negative worse; none when
 the best baseline is within 1% of the bound.
@@ -15,6 +22,7 @@ the best baseline is within 1% of the bound.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from router.config.model import HashingConfig
@@ -27,18 +35,37 @@ from router.tools.replay.summary import percentile
 from router.tools.replay.trace import Trace
 
 BOUND = "bound"
+LRU_ALONE = "lru_alone"
+REFERENCES: tuple[str, ...] = (BOUND, LRU_ALONE)  # rows that are not policies
 # Policies of ours, measured against the rest (the baselines)
 OURS: tuple[str, ...] = ("ttft", "ttft_spread")
 
 
 def bound_ttfts(trace: Trace, spec: ClusterSpec, hashing: HashingConfig | None = None) -> tuple[list[float], int, int]:
     """Per request, the bound's TTFT; and the cached and prompt tokens it saw in all."""
+    return _alone_ttfts(trace, spec, None, hashing)
+
+
+def lru_ttfts(trace: Trace, spec: ClusterSpec, hashing: HashingConfig | None = None) -> tuple[list[float], int, int]:
+    """Per request, its TTFT alone on an idle engine with the hits of one LRU cache as large as
+    every engine's together (a PD decode instance holds the prompts it received, and prefills
+    decode-only requests from them); and the cached and prompt tokens it saw in all."""
+    engines = spec.prefill + spec.decode + spec.mixed
+    config = engine_config(spec.emulator_config(), spec.perf())
+    return _alone_ttfts(trace, spec, engines * config.num_blocks, hashing)
+
+
+def _alone_ttfts(trace: Trace, spec: ClusterSpec, capacity_blocks: int | None,
+                 hashing: HashingConfig | None) -> tuple[list[float], int, int]:
+    """Each request alone on an idle engine, its leading blocks cached when an earlier request
+    carried them: in an infinite cache (``capacity_blocks`` None) or in one LRU of that many
+    blocks (a request's blocks are touched in order, then the least recently used evicted)."""
     emu = spec.emulator_config()
     profile = spec.perf()
     config = engine_config(emu, profile)
     bs, budget = config.block_size, config.max_batched_tokens
     prompts = PromptBuilder(trace.block_tokens, hashing or HashingConfig(), emu.served_model)
-    seen: set[int] = set()
+    seen: OrderedDict[int, None] = OrderedDict()
     out: list[float] = []
     cached_total = prompt_total = 0
     for tr in trace.requests:
@@ -48,7 +75,14 @@ def bound_ttfts(trace: Trace, spec: ClusterSpec, hashing: HashingConfig | None =
         hit = 0
         while hit < limit and hashes[hit] in seen:
             hit += 1
-        seen.update(hashes)
+        if capacity_blocks is None:
+            seen.update(dict.fromkeys(hashes))
+        else:
+            for h in hashes:
+                seen[h] = None
+                seen.move_to_end(h)
+            while len(seen) > capacity_blocks:
+                seen.popitem(last=False)
         computed = hit * bs
         cached_total += computed
         prompt_total += len(tokens)
@@ -67,9 +101,18 @@ def _r(x: float) -> float | None:
 
 def bound_summary(trace: Trace, spec: ClusterSpec, slo_s: float) -> dict[str, object]:
     """The ``bound`` row, with the keys of a policy's summary that it can fill."""
-    ttft, cached, prompt = bound_ttfts(trace, spec)
+    return _reference_summary(BOUND, *bound_ttfts(trace, spec), trace, spec, slo_s)
+
+
+def lru_summary(trace: Trace, spec: ClusterSpec, slo_s: float) -> dict[str, object]:
+    """The ``lru_alone`` row, as ``bound_summary``."""
+    return _reference_summary(LRU_ALONE, *lru_ttfts(trace, spec), trace, spec, slo_s)
+
+
+def _reference_summary(name: str, ttft: list[float], cached: int, prompt: int, trace: Trace, spec: ClusterSpec,
+                       slo_s: float) -> dict[str, object]:
     return {
-        "policy": BOUND,
+        "policy": name,
         "trace": trace.name,
         "cluster": f"{spec.prefill}P+{spec.decode}D+{spec.mixed}M {spec.profile}",
         "requests": len(ttft),
@@ -93,7 +136,8 @@ def gap_closed(policy_p90: float, best_baseline_p90: float, bound_p90: float) ->
 
 def add_gap_closed(summaries: Sequence[dict[str, object]], bound: dict[str, object]) -> str | None:
     """Set ``gap_closed`` on every policy's summary; returns the best baseline's name."""
-    baselines = [s for s in summaries if s["policy"] not in OURS and s["policy"] != BOUND and s.get("ttft_p90") is not None]
+    baselines = [s for s in summaries if s["policy"] not in OURS and s["policy"] not in REFERENCES
+                 and s.get("ttft_p90") is not None]
     if not baselines or bound.get("ttft_p90") is None:
         return None
     best = min(baselines, key=lambda s: float(s["ttft_p90"]))  # type: ignore[arg-type]

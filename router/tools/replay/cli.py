@@ -19,7 +19,7 @@ from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.precise import RESIDENCIES
 from router.tools.replay import capacity
-from router.tools.replay.bound import add_gap_closed, bound_summary
+from router.tools.replay.bound import add_gap_closed, bound_summary, lru_summary
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
 from router.tools.replay.source import load_trace
@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "is 8192); 0 = not told (the default). With a store, a prefill is priced the delay it causes to "
                         "loads landing where it computes only when told")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--no-bound", action="store_true", help="leave out the bound row (each request alone, everything earlier cached) and gap_closed")
+    p.add_argument("--no-bound", action="store_true", help="leave out the bound row (each request alone, everything earlier cached), the lru_alone row (alone, with the hits of one LRU as large as the cluster's caches) and gap_closed")
     p.add_argument("--sweep", default=None, metavar="X,Y,...",
                    help="capacity sweep: replay every policy at each of these --rate-scale values and report the highest"
                         " each sustains with p90 TTFT <= --ttft-slo (writes capacity.json / capacity.md)")
@@ -135,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
     summaries = [o.summary for o in outcomes]
     if not args.no_bound:
         bound = bound_summary(trace, spec, args.ttft_slo)
-        best = add_gap_closed(summaries, bound)
-        summaries.append(bound)
+        lru = lru_summary(trace, spec, args.ttft_slo)
+        best = add_gap_closed([*summaries, lru], bound)
+        summaries += [bound, lru]
         if best is not None:
             print(f"gap_closed is measured from the best baseline by p90 TTFT: {best}", file=sys.stderr)
     written = write(out, summaries, [o.curves for o in outcomes])

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from router.cli import main
-from router.tools.replay.bound import bound_summary, bound_ttfts, gap_closed
+from router.tools.replay.bound import LRU_ALONE, add_gap_closed, bound_summary, bound_ttfts, gap_closed, lru_summary, lru_ttfts
 from router.tools.replay.capacity import sustained
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.run import replay
@@ -78,3 +78,50 @@ def test_the_bound_runs_at_the_engines_step_time_slowdown():
     plain, _, _ = bound_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=60_000))
     slow, _, _ = bound_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=60_000, slowdown=2.0))
     assert slow == pytest.approx([2 * t for t in plain], rel=1e-9)
+
+
+def _blocks(first: int, n: int) -> tuple[int, ...]:
+    return tuple(range(first, first + n))
+
+
+def test_lru_alone_is_the_bound_when_the_caches_hold_everything():
+    trace = generate(WORKLOAD, 2)
+    spec = ClusterSpec(mixed=2, cache_tokens=10_000_000)
+    assert lru_ttfts(trace, spec) == bound_ttfts(trace, spec)
+
+
+def test_lru_alone_loses_a_prefix_the_cluster_cache_evicted_and_keeps_one_touched_since():
+    # one engine of 64 blocks of 16 tokens (1,024 tokens); two engines double it
+    a, b, c = _blocks(1, 2), _blocks(10, 2), _blocks(20, 2)  # 1,024-token prompts: 64 blocks each
+    reqs = (TraceRequest(0.0, 1024, 4, a), TraceRequest(10.0, 1024, 4, b), TraceRequest(20.0, 1024, 4, a),
+            TraceRequest(30.0, 1024, 4, c), TraceRequest(40.0, 1024, 4, a), TraceRequest(50.0, 1024, 4, b))
+    trace = Trace("t", 512, reqs)
+    inf, _, _ = bound_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=1024))
+    two, _, _ = lru_ttfts(trace, ClusterSpec(mixed=2, cache_tokens=1024))  # room for two prompts
+    one, cached, _ = lru_ttfts(trace, ClusterSpec(mixed=1, cache_tokens=1024))  # room for one
+    cold = inf[0]
+    assert inf[2] < cold / 5 and inf[5] < cold / 5  # the bound remembers everything
+    # two prompts' room: a is touched again at 20 s, so c evicts b, not a
+    assert two[2] == pytest.approx(inf[2]) and two[4] == pytest.approx(inf[4]) and two[5] == pytest.approx(cold)
+    # one prompt's room: every return is cold
+    assert one == pytest.approx([cold] * len(reqs)) and cached == 0
+
+
+def test_the_lru_row_is_a_reference_not_a_baseline():
+    trace = generate(WORKLOAD, 2)
+    spec = ClusterSpec(mixed=2, cache_tokens=60_000)
+    bound, lru = bound_summary(trace, spec, 1.0), lru_summary(trace, spec, 1.0)
+    assert lru["policy"] == LRU_ALONE and lru["ttft_p90"] >= bound["ttft_p90"]
+    slow = {"policy": "round_robin", "ttft_p90": 10.0}
+    rows = [slow, lru]
+    assert add_gap_closed(rows, bound) == "round_robin"  # the reference is never the best baseline
+    assert lru["gap_closed"] == pytest.approx(gap_closed(float(lru["ttft_p90"]), 10.0, float(bound["ttft_p90"])))
+
+
+def test_the_replay_command_prints_the_lru_row(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["replay", "synthetic:" + WORKLOAD, "--mixed", "2", "--cache-tokens", "60000", "--quiet",
+                 "--out", str(out), "--policy", "round_robin"]) == 0
+    rows = {r["policy"]: r for r in json.loads((out / "summary.json").read_text())}
+    assert set(rows) == {"round_robin", "bound", LRU_ALONE}
+    assert rows[LRU_ALONE]["gap_closed"] is not None and f"| {LRU_ALONE} |" in capsys.readouterr().out

@@ -18,7 +18,7 @@ def test_replay_writes_summary_table_and_plots(tmp_path, capsys):
     out = tmp_path / "out"
     assert run(tmp_path, "--out", str(out), "--policy", "random", "ttft", "--ttft-slo", "1") == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert [s["policy"] for s in summary] == ["random", "ttft", "bound"]
+    assert [s["policy"] for s in summary] == ["random", "ttft", "bound", "lru_alone"]
     assert all(s["requests"] == summary[0]["requests"] > 10 and s["slo_s"] == 1.0 for s in summary)
     assert "gap_closed" in summary[1] and "| bound |" in (out / "summary.md").read_text()
     table = (out / "summary.md").read_text()
