@@ -202,6 +202,9 @@ class CalibrationConfig(_Strict):
     max_factor: float = Field(default=5.0, gt=1, description="upper bound of an instance's slowdown factor")
     min_estimate_s: float = Field(default=0.05, ge=0, description="only estimates at least this long are compared: "
                                   "shorter ones are dominated by fixed costs the rate model does not describe")
+    max_queued_share: float = Field(default=0.1, ge=0, description="a first byte calibrates only when the prefill booked "
+                                    "ahead of it on its instance was at most this share of its own: behind a queue the error "
+                                    "is mostly the queue model's, not the rate's")
     warmup: int = Field(default=8, ge=0, description="an instance's first N observations are averaged (weight 1/n) before "
                         "the EWMA takes over, so a wrong default rate is corrected by the first requests")
     stale_after_s: float = Field(default=30.0, gt=0, description="a factor not re-measured for this long relaxes toward 1.0, "

@@ -15,7 +15,7 @@ from router.core.instances import InstancePool
 from router.core.metrics import Metrics
 from router.engines.prefill_rate import PrefillSample
 from router.request.lifecycle import Abandon, Attempt, Hook
-from router.scheduling.calibration import Calibrator, calibration_key
+from router.scheduling.calibration import Calibrator, calibration_key, queued_share
 from router.scheduling.cost import prefill_seconds
 from router.scheduling.decide import Routed
 from router.state.base import StateStore
@@ -98,7 +98,7 @@ class CalibrationHook(Hook):
         if instance not in self.pool:
             return
         key = self._key(instance)
-        factor = self.calibrator.observe(key, estimate, actual_s)
+        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, instance, d.prefill_work))
         if factor is not None:
             self._measured[instance] = self._measured.get(instance, 0) + 1
         self._apply(key, factor)

@@ -21,6 +21,19 @@ def test_short_estimates_are_not_compared():
     assert cal.observe("a", 0.1, 0.2) is not None and cal.factor("a") > 1.0
 
 
+def test_a_measurement_behind_a_queue_is_not_the_rates():
+    from router.scheduling.calibration import queued_share
+    from router.state.base import Load, Snapshot
+
+    cal = Calibrator(CalibrationConfig(min_estimate_s=0.0, max_queued_share=0.1))
+    assert cal.observe("a", 1.0, 3.0, queued=0.5) is None and cal.factor("a") == 1.0
+    assert cal.observe("a", 1.0, 3.0, queued=0.1) == 3.0  # at the share: still the rate's
+    snap = Snapshot({"a": 0, "b": 0}, {"a": Load(2, 500), "b": Load(1, 0, 100)})
+    assert queued_share(snap, "a", 1000) == 0.5 and queued_share(snap, "b", 1000) == 0.0
+    assert queued_share(snap, "c", None) == 0.0  # nothing booked there
+    assert queued_share(snap, "a", None) == float("inf")  # work ahead, its own unknown
+
+
 def test_disabled_calibration_changes_nothing():
     cal = Calibrator(CalibrationConfig(enabled=False))
     assert cal.observe("a", 1.0, 3.0) is None and cal.factor("a") == 1.0
@@ -121,16 +134,18 @@ def _hook(scope: str, instances: list[dict[str, object]]) -> tuple[object, Insta
     return CalibrationHook(Calibrator(config.calibration), pool, Metrics()), pool
 
 
-def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: float, actual_s: float) -> None:
+def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: float, actual_s: float,
+                ahead: int = 0, work: int | None = None) -> None:
     import asyncio
 
     from router.request.lifecycle import Attempt
     from router.scheduling.decide import Routed
     from router.scheduling.framework import Decision
-    from router.state.base import Booking, Snapshot
+    from router.state.base import Booking, Load, Snapshot
 
-    decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s)
-    routed = Routed(Booking.single("r", instance, 0, 0), decision, Snapshot({}, {}), 0.0)
+    decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s, prefill_work=work)
+    loads = {instance: Load(1, ahead)} if ahead else {}
+    routed = Routed(Booking.single("r", instance, 0, 0), decision, Snapshot({}, loads), 0.0)
     attempt = Attempt("r", routed, pool.get(instance), streaming=True, first_byte_s=actual_s)
     asyncio.run(hook.first_byte(attempt))  # type: ignore[attr-defined]
 
@@ -214,6 +229,14 @@ def test_an_engine_window_corrects_the_rate_and_does_not_count_the_routers_own_m
     busy = PrefillSample(4, 4000, 1.0, "prefill_time", overlap=3.0)
     assert hook.observe_engine("a", busy, weights, half) is None and pool.get("a").factor == factor  # type: ignore[attr-defined]
     assert hook.observe_engine("a", _window(2, 2000, 0.5), weights, half) is not None  # type: ignore[attr-defined]
+
+
+def test_the_hook_calibrates_only_from_first_bytes_with_little_booked_ahead():
+    hook, pool = _hook("instance", [{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 10000}])
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=3.0, ahead=5000, work=1000)  # the queue's error
+    assert pool.get("a").factor == 1.0
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=3.0, ahead=50, work=1000)
+    assert pool.get("a").factor == 3.0
 
 
 def test_a_decode_instance_is_not_calibrated_from_its_engine_windows():

@@ -28,13 +28,14 @@ class ReplayCalibration:
         self._base = {c.id: c.prefill_tokens_per_s or default_rate for c in candidates}
         self._key = {c.id: calibration_key(self.calibrator.scope, c.id, model, c.prefill_tokens_per_s) for c in candidates}
 
-    def observe(self, instance: str, estimate_s: float | None, actual_s: float) -> None:
-        """One first token: as CalibrationHook._calibrate, then the rates of every instance
-        whose factor moved (its group's, and any stale one relaxing toward 1.0)."""
+    def observe(self, instance: str, estimate_s: float | None, actual_s: float, queued: float = 0.0) -> None:
+        """One first token (``queued``: its ``queued_share``): as CalibrationHook._calibrate,
+        then the rates of every instance whose factor moved (its group's, and any stale one
+        relaxing toward 1.0)."""
         if not estimate_s:
             return
         key = self._key[instance]
-        factor = self.calibrator.observe(key, estimate_s, actual_s)
+        factor = self.calibrator.observe(key, estimate_s, actual_s, queued=queued)
         changed = self.calibrator.relax()
         if factor is not None:
             changed[key] = factor

@@ -48,6 +48,7 @@ from router.tools.replay.precise import EngineFeeds, Residency, token_hashing
 from router.tools.replay.prompts import PromptBuilder
 from router.tools.replay.record import Recorder
 from router.tools.replay.trace import Trace
+from router.scheduling.calibration import queued_share
 from router.scheduling.decide import Routed, decide
 from router.state.base import StateStore
 from router.state.memory import MemoryStore
@@ -287,7 +288,9 @@ class Simulation:
             self.record.prefilled(flight.index, flight.request.num_cached, flight.request.num_loaded)
             if self.calibration is not None:
                 arrived = self.trace.requests[flight.index].arrival_s
-                self.calibration.observe(node.id, flight.routed.decision.estimate_s, self.now - arrived)
+                d = flight.routed.decision
+                self.calibration.observe(node.id, d.estimate_s, self.now - arrived,
+                                         queued_share(flight.routed.snapshot, node.id, d.prefill_work))
         self.record.first_token[flight.index] = self.now
         run_sync(self.store.prefill_done(flight.routed.booking))
 

@@ -241,3 +241,27 @@ def test_a_router_told_nothing_learns_cache_sizes_and_calibrates_its_default_rat
     rates = {c.prefill_tokens_per_s for c in sim._candidates}
     assert len(rates) == 1  # one factor for like engines (calibration.scope: pool)
     assert rates != {TTFTWeights().prefill_tokens_per_s}  # measured, not the default
+
+
+def test_a_router_told_the_true_rate_keeps_it_when_queues_form():
+    # Two engines under a burst of multi-turn traffic: nearly every first byte waits behind
+    # booked prefill. Fitting the rate to those (max_queued_share unbounded, as before) drives
+    # the factor to its bounds although the configured rate is the engines' own.
+    from router.config.model import CalibrationConfig
+    from router.tools.replay.calibrate import ReplayCalibration
+
+    trace = generate("multi_turn:sessions=30,turns=3,rate=30,think=0.5,system=2048,user=2000,output=64", 2)
+    spec = ClusterSpec(mixed=2, cache_tokens=200_000)
+    factors = {}
+    for share in (CalibrationConfig().max_queued_share, 1e9):
+        sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
+        assert sim.calibration is not None
+        told = sim.calibration
+        sim.calibration = ReplayCalibration(sim._candidates, spec.emulator_config().served_model,
+                                            spec.ttft_weights()["prefill_tokens_per_s"], sim._clock,
+                                            CalibrationConfig(max_queued_share=share))
+        assert sim.calibration._key == told._key
+        sim.run()
+        (factors[share],) = sim.calibration.calibrator.factors.values() or (1.0,)
+    assert 0.8 <= factors[CalibrationConfig().max_queued_share] <= 1.25
+    assert factors[1e9] > 1.5
