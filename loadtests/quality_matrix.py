@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.machine import busy_processes, contention_note
 from loadtests.matrix_cells import Cell, Drawn, draw, select
 from loadtests.report import table, write_section
-from router.tools.replay.bound import LRU_ALONE, bound_summary, gap_closed, lru_summary
+from router.tools.replay.bound import LRU_ALONE, gap_closed, reference_summaries
 from router.tools.replay.run import replay
 
 SECTION = "Routing quality matrix"
@@ -84,7 +84,7 @@ def verdict(ours_p90: float | None, ours_hit: float | None, peers: dict[str, tup
 
 def replay_cell(d: Drawn) -> tuple[list[list[object]], str]:
     summaries = {name: replay(d.trace, d.spec, name, seed=1, ttft_slo_s=1e9).summary for name in REPLAY_POLICIES}
-    bound, lru = bound_summary(d.trace, d.spec, 1e9), lru_summary(d.trace, d.spec, 1e9)
+    bound, lru = reference_summaries(d.trace, d.spec, 1e9)
     baselines = {n: s for n, s in summaries.items() if n not in ("ttft", "ttft_spread")}
     best = min(baselines, key=lambda n: float(baselines[n]["ttft_p90"]))  # type: ignore[arg-type]
     rows: list[list[object]] = []

@@ -43,7 +43,7 @@ from loadtests.machine import busy_processes, contention_note
 from loadtests.matrix_cells import draw, select
 from loadtests.quality_matrix import HIT_MARGIN, P90_TARGET, verdict
 from loadtests.report import table, write_section
-from router.tools.replay.bound import bound_summary, lru_summary
+from router.tools.replay.bound import reference_summaries
 from router.tools.replay.run import replay
 
 PEER, OURS = "sglang_cache_aware", "ttft"
@@ -100,8 +100,7 @@ def run_cell(job: tuple[int, str, int]) -> CellResult:
     d = draw(cell, seed, requests)
     peer = replay(d.trace, d.spec, PEER, seed=1, ttft_slo_s=1e9).summary
     ours = replay(d.trace, d.spec, OURS, seed=1, ttft_slo_s=1e9).summary
-    bound = bound_summary(d.trace, d.spec, 1e9)
-    lru = lru_summary(d.trace, d.spec, 1e9)
+    bound, lru = reference_summaries(d.trace, d.spec, 1e9)
     reasons: dict[str, int] = ours["decisions_by_reason"]  # type: ignore[assignment]
     v = verdict(ours["ttft_p90"], ours["hit_ratio"], {"cache_aware": (peer["ttft_p90"], peer["hit_ratio"])})  # type: ignore[arg-type, dict-item]
     return CellResult(seed, name, float(peer["ttft_p90"]), float(peer["hit_ratio"]), float(ours["ttft_p90"]),  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from router.tools.emulator.perf import PROFILES
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.precise import RESIDENCIES
 from router.tools.replay import capacity
-from router.tools.replay.bound import add_gap_closed, bound_summary, lru_summary
+from router.tools.replay.bound import add_gap_closed, reference_summaries
 from router.tools.replay.report import markdown, write
 from router.tools.replay.run import DEFAULT_POLICIES, Outcome, replay
 from router.tools.replay.source import load_trace
@@ -134,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     summaries = [o.summary for o in outcomes]
     if not args.no_bound:
-        bound = bound_summary(trace, spec, args.ttft_slo)
-        lru = lru_summary(trace, spec, args.ttft_slo)
+        bound, lru = reference_summaries(trace, spec, args.ttft_slo)
         best = add_gap_closed([*summaries, lru], bound)
         summaries += [bound, lru]
         if best is not None:

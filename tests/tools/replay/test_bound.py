@@ -6,7 +6,8 @@ import math
 import pytest
 
 from router.cli import main
-from router.tools.replay.bound import LRU_ALONE, add_gap_closed, bound_summary, bound_ttfts, gap_closed, lru_summary, lru_ttfts
+from router.tools.replay.bound import (LRU_ALONE, add_gap_closed, bound_summary, bound_ttfts, gap_closed, lru_summary, lru_ttfts,
+                                      reference_summaries)
 from router.tools.replay.capacity import sustained
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.run import replay
@@ -111,6 +112,7 @@ def test_the_lru_row_is_a_reference_not_a_baseline():
     trace = generate(WORKLOAD, 2)
     spec = ClusterSpec(mixed=2, cache_tokens=60_000)
     bound, lru = bound_summary(trace, spec, 1.0), lru_summary(trace, spec, 1.0)
+    assert reference_summaries(trace, spec, 1.0) == (bound, lru)  # one pass, the same rows
     assert lru["policy"] == LRU_ALONE and lru["ttft_p90"] >= bound["ttft_p90"]
     slow = {"policy": "round_robin", "ttft_p90": 10.0}
     rows = [slow, lru]
