@@ -24,7 +24,7 @@ Two rules keep the beliefs self-correcting:
   it moved the factor of engines whose true rate the router was told between 1.0 and 4.6 on
   the conversation replay. So a first byte counts only when the work booked ahead of it was
   at most ``max_queued_share`` of its own (``queued_share``); the routing-quality matrix
-  then meets the target in 37 of 180 cells against 36, and misses the hit target in 15
+  then meets the target in 36 of 180 cells, as before, and misses the hit target in 14
   against 20 (docs/benchmarks.md).
 * Two sources: the router's own first-byte TTFTs, and the engines' own prefill histograms
   (router/engines/prefill_rate.py, folded in with a weight below one), which also measure

@@ -11,8 +11,8 @@ which the bound leaves out, so it stays a bound there too.)
 cache of the cluster's whole KV capacity would give it (every earlier request's blocks
 inserted, the least recently used evicted). Not a bound (a partitioned cache can beat one
 global LRU, and no policy can keep the queue at zero), but the reach of routing on caches of
-this size: where even it stays far from the bound, the distance is cache capacity, which no
-placement recovers. Its ``gap_closed`` says how much of the target is within that reach.
+this size: where even it stays far from the bound, the distance is mostly cache capacity
+(and the engines' eviction), which placement hardly recovers. Its ``gap_closed`` says how much of the target is within that reach.
 
 ``gap_closed`` = (best baseline - policy) / (best baseline - bound), on p90 TTFT: 1.0 is
 as good as the bound, 0.0 no better than the best baseline, negative worse; none when
