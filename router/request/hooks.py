@@ -98,7 +98,7 @@ class CalibrationHook(Hook):
         if instance not in self.pool:
             return
         key = self._key(instance)
-        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, instance, d.prefill_work))
+        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, routed.booking, instance))
         if factor is not None:
             self._measured[instance] = self._measured.get(instance, 0) + 1
         self._apply(key, factor)

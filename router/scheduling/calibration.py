@@ -44,20 +44,21 @@ import time
 from collections.abc import Callable
 
 from router.config.model import CalibrationConfig
-from router.state.base import Snapshot
+from router.state.base import Booking, Snapshot
 
 _SETTLED = 0.01  # a relaxed factor this close to 1.0 is dropped: the prior again
 
 
-def queued_share(snap: Snapshot, instance: str, own_work: int | None) -> float:
+def queued_share(snap: Snapshot, booking: Booking, instance: str) -> float:
     """The prefill booked ahead of a request on ``instance`` when it was decided (the
-    snapshot it was decided on), over its own (the decision's ``prefill_work``): 0 on an
-    idle queue, infinite when there was work ahead and its own is unknown."""
+    snapshot it was decided on), over what its own booking queued there (the same units):
+    0 on an idle queue, infinite when there was work ahead and it queued none there."""
     load = snap.loads.get(instance)
     ahead = load.prefill_tokens if load is not None else 0
     if ahead <= 0:
         return 0.0
-    return ahead / own_work if own_work else math.inf
+    own = sum(leg.prefill_tokens for leg in booking.legs if leg.instance == instance)
+    return ahead / own if own > 0 else math.inf
 
 
 def calibration_key(scope: str, instance: str, model: str | None, declared_rate: float | None) -> str:

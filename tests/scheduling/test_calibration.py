@@ -23,15 +23,18 @@ def test_short_estimates_are_not_compared():
 
 def test_a_measurement_behind_a_queue_is_not_the_rates():
     from router.scheduling.calibration import queued_share
-    from router.state.base import Load, Snapshot
+    from router.state.base import Booking, Leg, Load, Snapshot
 
     cal = Calibrator(CalibrationConfig(min_estimate_s=0.0, max_queued_share=0.1))
     assert cal.observe("a", 1.0, 3.0, queued=0.5) is None and cal.factor("a") == 1.0
     assert cal.observe("a", 1.0, 3.0, queued=0.1) == 3.0  # at the share: still the rate's
     snap = Snapshot({"a": 0, "b": 0}, {"a": Load(2, 500), "b": Load(1, 0, 100)})
-    assert queued_share(snap, "a", 1000) == 0.5 and queued_share(snap, "b", 1000) == 0.0
-    assert queued_share(snap, "c", None) == 0.0  # nothing booked there
-    assert queued_share(snap, "a", None) == float("inf")  # work ahead, its own unknown
+    on = {i: Booking.single("r", i, 1000, 0) for i in ("a", "b")}
+    assert queued_share(snap, on["a"], "a") == 0.5 and queued_share(snap, on["b"], "b") == 0.0
+    assert queued_share(snap, Booking.single("r", "c", 0, 0), "c") == 0.0  # nothing booked there
+    assert queued_share(snap, Booking.single("r", "a", 0, 0), "a") == float("inf")  # work ahead, none of its own
+    pd = Booking("r", (Leg("b", 0, 10), Leg("a", 4000, 0, transient=True)), ())
+    assert queued_share(snap, pd, "a") == 500 / 4000  # the prefill leg's own work, not the decode leg's
 
 
 def test_disabled_calibration_changes_nothing():
@@ -145,7 +148,7 @@ def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: flo
 
     decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s, prefill_work=work)
     loads = {instance: Load(1, ahead)} if ahead else {}
-    routed = Routed(Booking.single("r", instance, 0, 0), decision, Snapshot({}, loads), 0.0)
+    routed = Routed(Booking.single("r", instance, work or 0, 0), decision, Snapshot({}, loads), 0.0)
     attempt = Attempt("r", routed, pool.get(instance), streaming=True, first_byte_s=actual_s)
     asyncio.run(hook.first_byte(attempt))  # type: ignore[attr-defined]
 

@@ -288,9 +288,9 @@ class Simulation:
             self.record.prefilled(flight.index, flight.request.num_cached, flight.request.num_loaded)
             if self.calibration is not None:
                 arrived = self.trace.requests[flight.index].arrival_s
-                d = flight.routed.decision
-                self.calibration.observe(node.id, d.estimate_s, self.now - arrived,
-                                         queued_share(flight.routed.snapshot, node.id, d.prefill_work))
+                routed = flight.routed
+                self.calibration.observe(node.id, routed.decision.estimate_s, self.now - arrived,
+                                         queued_share(routed.snapshot, routed.booking, node.id))
         self.record.first_token[flight.index] = self.now
         run_sync(self.store.prefill_done(flight.routed.booking))
 
