@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import encode_post, new_event_loop, run_load  # noqa: E402
 from loadtests.machine import busy_processes, contention_note  # noqa: E402
-from loadtests.overhead import announced, pd_router, request_bodies, router_source, run_profile, zero_backend  # noqa: E402
+from loadtests.overhead import announced, pd_router, request_bodies, router_source, run_profile, source_label, zero_backend  # noqa: E402
 from loadtests.peers import ALL_PEERS, PEERS, PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools.process import free_port  # noqa: E402
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-redis", action="store_true", help="skip pd-router on the Redis store")
     p.add_argument("--floor", action="store_true",
                    help="also measure loadtests/floor_proxy.py: a bare Python asyncio proxy, no routing (the floor)")
-    p.add_argument("--baseline", metavar="REF", help="also measure pd-router (memory) as of this git commit")
+    p.add_argument("--baseline", metavar="REF", help="also measure pd-router (memory) as of this git commit, or from this directory (holding router/)")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="then py-spy each pd-router (memory) target this long; print the hottest frames")
     p.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
@@ -209,8 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ours = stack.enter_context(pd_router(backends))
         targets["pd-router"] = (ours.url, ours.process.pid)
         if args.baseline:
-            rev = subprocess.run(["git", "rev-parse", "--short", args.baseline], capture_output=True, text=True,
-                                 check=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()
+            rev = source_label(args.baseline)
             source = stack.enter_context(router_source(args.baseline))
             old = stack.enter_context(pd_router(backends, source))
             targets[f"pd-router@{rev}"] = (old.url, old.process.pid)

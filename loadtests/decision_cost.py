@@ -200,10 +200,9 @@ def side_by_side(args: argparse.Namespace, argv: list[str]) -> int:
     """``--baseline``: the cases in a subprocess per tree and round; ranges over the rounds."""
     import subprocess
 
-    from loadtests.overhead import router_source
+    from loadtests.overhead import router_source, source_label
 
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True,
-                         text=True, check=True).stdout.strip()
+    rev = source_label(args.baseline)
     keep = [a for a in argv if a != "--write"]
     cut = keep.index("--baseline")
     keep = keep[:cut] + keep[cut + 2:]
@@ -301,7 +300,7 @@ if __name__ == "__main__":
                    help="candidate pruning: holders + this many least-loaded (policy.candidates); 0 = score all")
     p.add_argument("--phases", action="store_true", help="also time each phase of a memory-store decision alone")
     p.add_argument("--write", action="store_true", help="record the table in docs/benchmarks.md")
-    p.add_argument("--baseline", metavar="REF", help="also run the router package of this git commit, side by side")
+    p.add_argument("--baseline", metavar="REF", help="also run the router package of this git commit (or directory holding router/), side by side")
     p.add_argument("--rounds", type=int, default=1, help="with --baseline: rounds of each tree")
     p.add_argument("--section", help="the docs/benchmarks.md section --write replaces (or appends); default "
                    "\"Decision cost at scale\", with --baseline \"Decision cost side by side\"")

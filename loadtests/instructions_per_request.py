@@ -38,7 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.loadgen import encode_post, new_event_loop, run_load  # noqa: E402
-from loadtests.overhead import request_bodies, router_source, zero_backend  # noqa: E402
+from loadtests.overhead import request_bodies, router_source, source_label, zero_backend  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools.process import free_port  # noqa: E402
 
@@ -125,7 +125,7 @@ def measure(source: Path, mode: str, args: argparse.Namespace, workdir: str) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits")
+    p.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits (or directories holding router/)")
     p.add_argument("--modes", nargs="+", default=["plain", "stream"], choices=["plain", "stream"])
     p.add_argument("--repeats", type=int, default=2, help="runs per build and mode, alternating builds")
     p.add_argument("--concurrency", type=int, default=4)
@@ -144,8 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="pd-router-callgrind-"))
         builds: dict[str, Path] = {"pd-router": ROOT}
         for ref in args.baseline:
-            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True,
-                                 check=True).stdout.strip()
+            rev = source_label(ref)
             builds[f"pd-router@{rev}"] = stack.enter_context(router_source(ref))
         for rnd in range(args.repeats):
             for mode in args.modes:

@@ -42,7 +42,7 @@ def instructions(source: Path, native: bool, messages: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits")
+    parser.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits (or directories holding router/)")
     parser.add_argument("--messages", type=int, default=512, help="messages of 32 events applied after the warm-up")
     parser.add_argument("--write", action="store_true", help="append the table to docs/benchmarks.md")
     parser.add_argument("--section", default=SECTION)

@@ -72,7 +72,7 @@ def instructions(source: Path, records: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits")
+    parser.add_argument("--baseline", nargs="*", default=[], metavar="REF", help="also measure these git commits (or directories holding router/)")
     parser.add_argument("--records", type=int, default=20000, help="requests' worth of records per run")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)

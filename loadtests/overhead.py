@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds before each measurement")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds (results pooled)")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(ALL_PEERS))
-    p.add_argument("--baseline", metavar="REF", help="also measure pd-router as of this git commit")
+    p.add_argument("--baseline", metavar="REF", help="also measure pd-router as of this git commit (or from a directory holding router/)")
     p.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                    help="py-spy each pd-router target for this long at concurrency 16; print the hottest frames")
     p.add_argument("--profile-dir", default=tempfile.gettempdir(), help="where --profile leaves the collapsed stacks")
@@ -97,12 +98,53 @@ def zero_backend(ports: int = 2) -> Iterator[tuple[list[str], int]]:
         yield [f"http://127.0.0.1:{p}" for p in listed.split(",")], pid
 
 
+def source_label(ref: str) -> str:
+    """How a ``--baseline`` is named in tables: a directory by its name, a git ref by its short hash."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve().name
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _c_sources(tree: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(tree)): f.read_bytes() for f in sorted((tree / "router").rglob("*.[ch]"))}
+
+
+def copy_extensions(into: Path, root: Path = ROOT) -> list[str]:
+    """Copy ``root``'s built C extensions into the ``router`` package at ``into`` when their C
+    sources (every .c and .h of the package) are byte-identical there; returns the copied.
+
+    Why: a git archive holds no build products, so a baseline would otherwise run its Python
+    fallbacks (block keys, key sets) and differ from this tree by more than its Python."""
+    built = sorted((root / "router").rglob("*.so"))
+    if not built or _c_sources(into) != _c_sources(root):
+        return []
+    copied = []
+    for so in built:
+        rel = so.relative_to(root)
+        if (into / rel).parent.is_dir() and (into / rel).with_name(so.name.split(".")[0] + ".c").exists():
+            shutil.copy2(so, into / rel)
+            copied.append(str(rel))
+    return copied
+
+
 @contextlib.contextmanager
 def router_source(ref: str) -> Iterator[Path]:
-    """The ``router`` package as of git ``ref``, unpacked in a temporary directory."""
+    """The ``router`` package as of git ``ref``, unpacked in a temporary directory with this
+    tree's C extensions where their sources did not change (``copy_extensions``; a warning on
+    stderr otherwise). A directory (a checkout holding ``router/``, e.g. one built another way)
+    is used as it is."""
+    if Path(ref).is_dir():
+        if not (Path(ref) / "router").is_dir():
+            raise SystemExit(f"--baseline {ref}: a directory must hold the router package (router/)")
+        yield Path(ref)
+        return
     with tempfile.TemporaryDirectory(prefix="pd-router-baseline-") as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "router"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        if any((ROOT / "router").rglob("*.so")) and not copy_extensions(Path(tmp)):
+            print(f"baseline {ref}: its C sources differ from this tree's, so it runs without C extensions "
+                  "(Python fallbacks)", file=sys.stderr)
         yield Path(tmp)
 
 
@@ -216,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"zero backend on {server_stack(backend_pid)}")
         if args.baseline:
             source = stack.enter_context(router_source(args.baseline))
-            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True,
-                                 text=True, check=True).stdout.strip()
+            rev = source_label(args.baseline)
             routers[f"pd-router@{rev}"] = stack.enter_context(pd_router(backends, source))
             targets[f"pd-router@{rev}"] = routers[f"pd-router@{rev}"].url
         if args.workers_redis:

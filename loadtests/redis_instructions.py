@@ -71,7 +71,7 @@ def instructions(pid: int, outdir: str) -> int:
 def main(args: argparse.Namespace) -> int:
     import redis
 
-    from loadtests.overhead import router_source
+    from loadtests.overhead import router_source, source_label
     from loadtests.report import table, write_section
     from router.tools.process import free_port
 
@@ -91,8 +91,7 @@ def main(args: argparse.Namespace) -> int:
             time.sleep(0.1)
         trees = {"now": ""}
         if args.baseline:
-            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], capture_output=True,
-                                 text=True, check=True).stdout.strip()
+            rev = source_label(args.baseline)
             trees = {rev: str(stack.enter_context(router_source(args.baseline))), "now": ""}
         counts: dict[tuple[str, int, int], int] = {}
         router: dict[tuple[str, int, int], int] = {}
@@ -137,7 +136,7 @@ if __name__ == "__main__":
         child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
         raise SystemExit(0)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--baseline", metavar="REF", help="also measure the router package of this git commit")
+    p.add_argument("--baseline", metavar="REF", help="also measure the router package of this git commit (or a directory holding router/)")
     p.add_argument("--instances", type=int, nargs="+", default=[256, 1024])
     p.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
     p.add_argument("--iterations", type=int, default=100)

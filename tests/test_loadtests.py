@@ -372,3 +372,36 @@ def test_kv_flood_skip_set_updates_keeps_each_deltas_state_but_no_keys(monkeypat
     assert mirror.apply_part(delta, 0, 2) == 2 and not mirror.fresh  # the state comes with the last slice
     assert mirror.apply_part(delta, 2, 2) == 3 and mirror.fresh and len(mirror) == 3 and mirror.overflow == 1
     assert mirror.depth([1, 2], 0.8) == 0.0
+
+
+def test_a_baseline_gets_this_trees_c_extensions_only_while_their_sources_are_the_same(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "router" / "request").mkdir(parents=True)
+    (root / "router" / "request" / "_chain.c").write_text("int x;\n")
+    (root / "router" / "request" / "_chain.cpython-311-x86_64-linux-gnu.so").write_bytes(b"built")
+    (root / "router" / "request" / "vendor").mkdir()
+    (root / "router" / "request" / "vendor" / "xxhash.h").write_text("/* v1 */\n")
+    base = tmp_path / "base"
+    (base / "router" / "request" / "vendor").mkdir(parents=True)
+    (base / "router" / "request" / "_chain.c").write_text("int x;\n")
+    (base / "router" / "request" / "vendor" / "xxhash.h").write_text("/* v0 */\n")
+    assert overhead.copy_extensions(base, root) == []  # a header differs: the build would not be this one
+    assert not (base / "router" / "request" / "_chain.cpython-311-x86_64-linux-gnu.so").exists()
+    (base / "router" / "request" / "vendor" / "xxhash.h").write_text("/* v1 */\n")
+    assert overhead.copy_extensions(base, root) == ["router/request/_chain.cpython-311-x86_64-linux-gnu.so"]
+    assert (base / "router" / "request" / "_chain.cpython-311-x86_64-linux-gnu.so").read_bytes() == b"built"
+
+
+def test_a_baseline_directory_is_used_as_it_is_and_named_by_its_name(tmp_path: Path) -> None:
+    tree = tmp_path / "compiled-tree"
+    (tree / "router").mkdir(parents=True)
+    assert overhead.source_label(str(tree)) == "compiled-tree"
+    with overhead.router_source(str(tree)) as source:
+        assert source == tree
+    with pytest.raises(SystemExit, match="must hold the router package"), overhead.router_source(str(tmp_path)):
+        pass
+    with overhead.router_source("HEAD") as unpacked:  # a git ref: this checkout's router package, unpacked
+        assert (unpacked / "router" / "request" / "service.py").exists()
+        built = sorted(p.name for p in (overhead.ROOT / "router").rglob("*.so"))
+        same_c = overhead._c_sources(unpacked) == overhead._c_sources(overhead.ROOT)
+        assert sorted(p.name for p in (unpacked / "router").rglob("*.so")) == (built if same_c else [])
