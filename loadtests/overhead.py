@@ -122,7 +122,7 @@ def copy_extensions(into: Path, root: Path = ROOT) -> list[str]:
     copied = []
     for so in built:
         rel = so.relative_to(root)
-        if (into / rel).parent.is_dir() and (into / rel).with_name(so.name.split(".")[0] + ".c").exists():
+        if (into / rel).with_name(so.name.split(".")[0] + ".c").exists():  # an extension of the package, built from it
             shutil.copy2(so, into / rel)
             copied.append(str(rel))
     return copied
