@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from loadtests import callgrind  # noqa: E402
 from loadtests.kv_flood import PER_MESSAGE  # noqa: E402
-from loadtests.overhead import router_source  # noqa: E402
+from loadtests.overhead import router_source, source_label  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 
 SECTION = "KV-event sidecar: instructions per event (callgrind)"
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with contextlib.ExitStack() as stack:
-        builds = {"this tree": ROOT, **{ref: stack.enter_context(router_source(ref)) for ref in args.baseline}}
+        builds = {"this tree": ROOT, **{source_label(ref): stack.enter_context(router_source(ref)) for ref in args.baseline}}
         for name, source in builds.items():
             kinds = ("native", "python") if (source / "router" / "state" / "precise_native.py").exists() else ("python",)
             for kind in kinds:

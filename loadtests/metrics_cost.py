@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtests import callgrind  # noqa: E402
-from loadtests.overhead import router_source  # noqa: E402
+from loadtests.overhead import router_source, source_label  # noqa: E402
 from loadtests.report import table, write_section  # noqa: E402
 
 SECTION = "Metric records per request (callgrind)"
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     with contextlib.ExitStack() as stack:
-        builds = {"pd-router": ROOT, **{f"pd-router@{ref}": stack.enter_context(router_source(ref))
+        builds = {"pd-router": ROOT, **{f"pd-router@{source_label(ref)}": stack.enter_context(router_source(ref))
                                         for ref in args.baseline}}
         for name, source in builds.items():
             per_request = (instructions(source, args.records) - instructions(source, 0)) / args.records

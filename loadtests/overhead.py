@@ -110,13 +110,19 @@ def _c_sources(tree: Path) -> dict[str, bytes]:
     return {str(f.relative_to(tree)): f.read_bytes() for f in sorted((tree / "router").rglob("*.[ch]"))}
 
 
-def copy_extensions(into: Path, root: Path = ROOT) -> list[str]:
-    """Copy ``root``'s built C extensions into the ``router`` package at ``into`` when their C
-    sources (every .c and .h of the package) are byte-identical there; returns the copied.
+def built_extensions(root: Path = ROOT) -> list[Path]:
+    """The C extensions built in ``root``'s router package (none in a tree never built)."""
+    return sorted((root / "router").rglob("*.so"))
+
+
+def copy_extensions(into: Path, root: Path = ROOT, built: list[Path] | None = None) -> list[str]:
+    """Copy ``root``'s built C extensions (``built``: ``built_extensions(root)`` when not given)
+    into the ``router`` package at ``into`` when their C sources (every .c and .h of the
+    package) are byte-identical there; returns the copied.
 
     Why: a git archive holds no build products, so a baseline would otherwise run its Python
     fallbacks (block keys, key sets) and differ from this tree by more than its Python."""
-    built = sorted((root / "router").rglob("*.so"))
+    built = built_extensions(root) if built is None else built
     if not built or _c_sources(into) != _c_sources(root):
         return []
     copied = []
@@ -142,7 +148,8 @@ def router_source(ref: str) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="pd-router-baseline-") as tmp:
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "router"], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        if any((ROOT / "router").rglob("*.so")) and not copy_extensions(Path(tmp)):
+        built = built_extensions()
+        if built and not copy_extensions(Path(tmp), built=built):
             print(f"baseline {ref}: its C sources differ from this tree's, so it runs without C extensions "
                   "(Python fallbacks)", file=sys.stderr)
         yield Path(tmp)
