@@ -25,7 +25,6 @@ import argparse
 import heapq
 import json
 import sys
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from router.tools.emulator.build import engine_config
+from router.tools.replay.bound import BlockLRU
 from router.tools.replay.cluster import ClusterSpec
 from router.tools.replay.trace import Trace, TraceError, TraceRequest, read_mooncake
 
@@ -58,7 +58,7 @@ def reach(trace: Trace, capacity_tokens: int) -> Reach:
     cap = max(1, capacity_tokens // size)
     total = sum(r.input_tokens for r in trace.requests)
     seen: dict[int, int] = {}  # block -> first request carrying it
-    lru: OrderedDict[int, None] = OrderedDict()
+    lru = BlockLRU(cap)
     inf_hit = lru_hit = 0
     gaps: list[float] = []
     for j, r in enumerate(trace.requests):
@@ -68,16 +68,10 @@ def reach(trace: Trace, capacity_tokens: int) -> Reach:
         inf_hit += sum(_block_tokens(r, k, size) for k in range(run))
         if run > 1:  # extends an earlier turn, not only the shared first block
             gaps.append(r.arrival_s - trace.requests[seen[r.blocks[run - 1]]].arrival_s)
-        run = 0
-        while run < len(r.blocks) and r.blocks[run] in lru:
-            run += 1
-        lru_hit += sum(_block_tokens(r, k, size) for k in range(run))
+        lru_hit += sum(_block_tokens(r, k, size) for k in range(lru.leading(r.blocks)))
+        lru.touch(r.blocks)
         for b in r.blocks:
             seen.setdefault(b, j)
-            lru[b] = None
-            lru.move_to_end(b)
-        while len(lru) > cap:
-            lru.popitem(last=False)
     span = trace.requests[-1].arrival_s - trace.requests[0].arrival_s if trace.requests else 0.0
     gaps.sort()
     pick = (lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))]) if gaps else (lambda q: float("nan"))

@@ -57,6 +57,35 @@ def _cluster_blocks(spec: ClusterSpec) -> int:
     return (spec.prefill + spec.decode + spec.mixed) * engine_config(spec.emulator_config(), spec.perf()).num_blocks
 
 
+class BlockLRU:
+    """One LRU cache of blocks: how long a leading run of a request's blocks it holds, then
+    the request's blocks touched in order and the least recently used evicted past ``capacity``
+    (None: never evicts). What engines evicting LRU keep if no block is held twice."""
+
+    def __init__(self, capacity: int | None) -> None:
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def leading(self, blocks: Sequence[int], limit: int | None = None) -> int:
+        """Blocks of ``blocks`` held from the first on (at most ``limit``)."""
+        end = len(blocks) if limit is None else min(limit, len(blocks))
+        run, held = 0, self._blocks
+        while run < end and blocks[run] in held:
+            run += 1
+        return run
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        held = self._blocks
+        if self.capacity is None:
+            held.update(dict.fromkeys(blocks))
+            return
+        for b in blocks:
+            held[b] = None
+            held.move_to_end(b)
+        while len(held) > self.capacity:
+            held.popitem(last=False)
+
+
 def _alone_ttfts(trace: Trace, spec: ClusterSpec, capacities: tuple[int | None, ...],
                  hashing: HashingConfig | None) -> list[tuple[list[float], int, int]]:
     """Each request alone on an idle engine, its leading blocks cached when an earlier request
@@ -68,24 +97,15 @@ def _alone_ttfts(trace: Trace, spec: ClusterSpec, capacities: tuple[int | None, 
     config = engine_config(emu, profile)
     bs, budget = config.block_size, config.max_batched_tokens
     prompts = PromptBuilder(trace.block_tokens, hashing or HashingConfig(), emu.served_model)
-    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in capacities]
+    caches = [BlockLRU(cap) for cap in capacities]
     outs: list[tuple[list[float], list[int]]] = [([], [0, 0]) for _ in capacities]
     for tr in trace.requests:
         tokens = prompts.tokens(tr)
         hashes = block_hashes(tokens, bs, config.hash_salt)
         limit = (len(tokens) - 1) // bs  # the last prompt token is always computed, as the engine does
-        for cap, seen, (out, totals) in zip(capacities, caches, outs):
-            hit = 0
-            while hit < limit and hashes[hit] in seen:
-                hit += 1
-            if cap is None:
-                seen.update(dict.fromkeys(hashes))
-            else:
-                for h in hashes:
-                    seen[h] = None
-                    seen.move_to_end(h)
-                while len(seen) > cap:
-                    seen.popitem(last=False)
+        for cache, (out, totals) in zip(caches, outs):
+            hit = cache.leading(hashes, limit)
+            cache.touch(hashes)
             computed = hit * bs
             totals[0] += computed
             totals[1] += len(tokens)
