@@ -100,14 +100,24 @@ def command(python: str, model_dir: Path, spec: VllmSpec) -> list[str]:
     ]
 
 
-def start(python: str, model_dir: Path, spec: VllmSpec, log_dir: Path) -> VllmEngine:
-    """Launch one engine (returns at once; see ``wait_ready``)."""
+OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def engine_env(spec: VllmSpec, core: int | None = None) -> dict[str, str]:
+    """The engine process's environment: offline, a small CPU KV space, its OpenMP threads on
+    ``core`` when given; ``spec.extra_env`` has the last word."""
+    bind = {} if core is None else {OMP_BIND_ENV: str(core)}
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": "", **bind, **dict(spec.extra_env)}
+
+
+def start(python: str, model_dir: Path, spec: VllmSpec, log_dir: Path, core: int | None = None) -> VllmEngine:
+    """Launch one engine (returns at once; see ``wait_ready``); ``core``: the CPU its OpenMP
+    compute threads are bound to (unless ``spec.extra_env`` binds them itself)."""
     log_path = log_dir / f"vllm-{spec.port}.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONPATH": "", **dict(spec.extra_env)}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command(python, model_dir, spec), stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
+                                   env=engine_env(spec, core), start_new_session=True)
     return VllmEngine(spec, process, log_path)
 
 
@@ -131,11 +141,25 @@ def wait_ready(engine: VllmEngine, timeout_s: float) -> None:
             time.sleep(1.0)
 
 
+def engine_cores(n: int, available: list[int] | None = None) -> list[int | None]:
+    """The core each of ``n`` engines binds its OpenMP threads to: a different one each, while
+    there are enough (None: vLLM's own choice). Why: left to itself (``auto``) every vLLM CPU
+    engine binds to the same first core and reserves the rest, so two engines' compute threads
+    time-slice one core while the other serves only their API servers; a second engine in use
+    then answers in ~1 s where one alone answers in ~0.1 s, whatever routes to it
+    (docs/benchmarks.md, "Routing quality, two real vLLM engines")."""
+    cores = sorted(os.sched_getaffinity(0)) if available is None else available
+    if n < 2 or len(cores) < n:
+        return [None] * n
+    return list(cores[:n])
+
+
 def start_all(python: str, model_dir: Path, specs: list[VllmSpec], log_dir: Path,
               timeout_s: float = 360.0) -> list[VllmEngine]:
     """Start every engine at once (start-up is minutes; in parallel it is one wait), all ready
-    or all stopped."""
-    engines = [start(python, model_dir, spec, log_dir) for spec in specs]
+    or all stopped. Each engine's compute threads get a core of their own (``engine_cores``)."""
+    cores = engine_cores(len(specs))
+    engines = [start(python, model_dir, spec, log_dir, core) for spec, core in zip(specs, cores)]
     try:
         with ThreadPoolExecutor(len(engines)) as pool:
             for future in [pool.submit(wait_ready, e, timeout_s) for e in engines]:
