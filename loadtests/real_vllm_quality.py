@@ -15,7 +15,7 @@ share they served from their prefix caches (per request, from usage ``cached_tok
 their ``vllm:prefix_cache_hits / queries`` counters), the requests each engine finished
 (``vllm:request_success_total``), TTFT at the client. Each engine's compute threads have a
 core of their own (router/tools/realvllm.py), but the engines' API servers, the router and
-the load generator share the same two cores, and a run's p90 moves by up to 1.6x between
+the load generator share the same two cores, and a run's p90 moves by up to 2x between
 identical runs here: TTFT is for reference, the hit ratio is what carries over to GPUs.
 
     PD_ROUTER_VLLM_PYTHON=/path/to/vllm-venv/bin/python \
@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
                 "caches, per request (usage `cached_tokens / prompt_tokens`) and from their own counters; requests "
                 "per engine from `vllm:request_success_total`. Each engine's compute threads on a core of their own "
                 "(`VLLM_CPU_OMP_THREADS_BIND`), the engines' API servers, the router and the load generator sharing "
-                "both cores: TTFT is for reference (a run's p90 moves by up to 1.6x between identical runs here). "
+                "both cores: TTFT is for reference (a run's p90 moves by up to 2x between identical runs here). "
                 f"Load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n"
                 + "\n".join(f"- {name}: {line}" for name, line in how.items()))
         command = ("PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_quality.py --tenants "
