@@ -138,14 +138,26 @@ def totals(text: str, name: str) -> float:
     return sum(v for _, v in samples(text, name))
 
 
-def engine_counters(engines: list[realvllm.VllmEngine]) -> tuple[float, float]:
-    hits = queries = 0.0
+def engine_metrics(engines: list[realvllm.VllmEngine]) -> list[str]:
+    """Each engine's ``/metrics`` text, read once."""
     with httpx.Client(trust_env=False, timeout=30) as client:
-        for e in engines:
-            text = client.get(e.url + "/metrics").text
-            hits += totals(text, "vllm:prefix_cache_hits_total")
-            queries += totals(text, "vllm:prefix_cache_queries_total")
-    return hits, queries
+        return [client.get(e.url + "/metrics").text for e in engines]
+
+
+def prefix_counters(texts: list[str]) -> tuple[float, float]:
+    """The engines' prefix-cache (hits, queries) so far, from their ``/metrics`` texts."""
+    return (sum(totals(t, "vllm:prefix_cache_hits_total") for t in texts),
+            sum(totals(t, "vllm:prefix_cache_queries_total") for t in texts))
+
+
+def engine_counters(engines: list[realvllm.VllmEngine]) -> tuple[float, float]:
+    return prefix_counters(engine_metrics(engines))
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile as these benchmarks report it (the lower of the two around it)."""
+    ordered = sorted(values)
+    return ordered[int(0.9 * (len(ordered) - 1))]
 
 
 def reset(engines: list[realvllm.VllmEngine]) -> None:
@@ -256,7 +268,7 @@ def main(args: argparse.Namespace) -> int:
             rows.append([name, len(run.ttft_s), run.errors, f"{predicted:.0%}", f"{measured:.0%}", f"{counters:.0%}",
                          f"{predicted - measured:+.0%}", from_events, split,
                          f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
-                         f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"])
+                         f"{p90(ttft) * 1000:.0f}" if ttft else "-"])
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
     out = table(["router setup", "requests", "errors", "predicted cached", "measured cached (per request)",
                  "measured (engine counters)", "error", "residency from events", "requests per engine", "TTFT p50 ms", "TTFT p90 ms"], rows)

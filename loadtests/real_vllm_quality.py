@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -40,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.peers import PeerUnavailable, Workers, command_line, peer_router  # noqa: E402
 from loadtests.real_vllm_prediction import (  # noqa: E402
-    ADMIN, SETUPS, Run, add_traffic_args, bench_engines, bodies, drive, engine_counters, reset, samples, vllm_python, wait_in_sync,
+    ADMIN, SETUPS, Run, add_traffic_args, bench_engines, bodies, drive, engine_metrics, p90, prefix_counters, reset, samples,
+    vllm_python, wait_in_sync,
 )
 from loadtests.report import table, write_section  # noqa: E402
 from router.tools import realvllm  # noqa: E402
@@ -51,14 +53,25 @@ OURS = {"pd-router": "engine facts", "pd-router precise": "precise (KV events)"}
 ROUTERS = ("pd-router", "pd-router precise", "sglang-router", "smg", "vllm-router")
 
 
-def finished(engines: list[realvllm.VllmEngine]) -> list[float]:
-    """Requests each engine has finished so far (its own counter)."""
-    out = []
-    with httpx.Client(trust_env=False, timeout=30) as client:
-        for e in engines:
-            text = client.get(e.url + "/metrics").text
-            out.append(sum(v for _, v in samples(text, "vllm:request_success_total")))
-    return out
+def finished(texts: list[str]) -> list[float]:
+    """Requests each engine has finished so far (its own counter), from its ``/metrics`` text."""
+    return [sum(v for _, v in samples(t, "vllm:request_success_total")) for t in texts]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One router's run of one cell: what the client saw and the engines' counter deltas."""
+
+    pressure: str
+    router: str
+    run: Run
+    hits: float
+    queries: float
+    split: list[float]
+
+    @property
+    def hit(self) -> float:
+        return self.hits / self.queries if self.queries else math.nan
 
 
 @contextlib.contextmanager
@@ -77,19 +90,19 @@ def started(name: str, engines: list[realvllm.VllmEngine], model: Path, seed: in
 
 
 def row(name: str, run: Run, hits: float, queries: float, split: list[float]) -> list[object]:
-    ttft = sorted(run.ttft_s)
+    ttft = run.ttft_s
     measured = statistics.mean(run.cached_share) if run.cached_share else float("nan")
     return [name, len(run.ttft_s), run.errors, f"{measured:.3f}", f"{hits / queries:.3f}" if queries else "-",
             "/".join(f"{v:.0f}" for v in split),
             f"{statistics.median(ttft) * 1000:.0f}" if ttft else "-",
-            f"{ttft[int(0.9 * (len(ttft) - 1))] * 1000:.0f}" if ttft else "-"]
+            f"{p90(ttft) * 1000:.0f}" if ttft else "-"]
 
 
 def summary(name: str, runs: list[tuple[Run, float]]) -> list[object]:
     """One router's repeated runs of a cell: the median of each figure and the range of the tail."""
     hits = [h for _, h in runs if not math.isnan(h)]
     p50s = [statistics.median(r.ttft_s) for r, _ in runs if r.ttft_s]
-    p90s = sorted(sorted(r.ttft_s)[int(0.9 * (len(r.ttft_s) - 1))] for r, _ in runs if r.ttft_s)
+    p90s = sorted(p90(r.ttft_s) for r, _ in runs if r.ttft_s)
     ms = lambda x: f"{x * 1000:.0f}"  # noqa: E731
     return [name, len(runs), sum(r.errors for r, _ in runs),
             f"{statistics.median(hits):.3f} ({min(hits):.3f}-{max(hits):.3f})" if hits else "-",
@@ -101,8 +114,7 @@ def main(args: argparse.Namespace) -> int:
     python = vllm_python()
     if not python:
         return 2
-    rows: list[list[object]] = []
-    runs: dict[tuple[str, str], list[tuple[Run, float]]] = {}
+    results: list[Measured] = []
     how: dict[str, str] = {}
     load = os.getloadavg()
     cache = 2 * args.blocks * 128
@@ -121,19 +133,17 @@ def main(args: argparse.Namespace) -> int:
                     try:
                         with started(name, engines, model, args.seed) as (url, line):
                             how[name] = line
-                            hits0, queries0 = engine_counters(engines)
-                            done0 = finished(engines)
+                            before = engine_metrics(engines)
                             run = asyncio.run(drive(url, traffic, args.concurrency))
-                            hits1, queries1 = engine_counters(engines)
-                            split = [b - a for a, b in zip(done0, finished(engines))]
+                            after = engine_metrics(engines)
                     except PeerUnavailable as exc:
                         print(f"{name}: not measured: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
                         continue
-                    queries = queries1 - queries0
-                    runs.setdefault((pressure, name), []).append(
-                        (run, (hits1 - hits0) / queries if queries else math.nan))
-                    rows.append([pressure, *row(name, run, hits1 - hits0, queries, split)])
-                    print(" | ".join(str(c) for c in rows[-1]), flush=True)
+                    (hits0, queries0), (hits1, queries1) = prefix_counters(before), prefix_counters(after)
+                    m = Measured(pressure, name, run, hits1 - hits0, queries1 - queries0,
+                                 [b - a for a, b in zip(finished(before), finished(after))])
+                    results.append(m)
+                    print(" | ".join(str(c) for c in [pressure, *row(name, run, m.hits, m.queries, m.split)]), flush=True)
 
     def order(key: tuple[str, str]) -> tuple[int, int]:
         return args.tenants.index(int(key[0].split()[0])), ROUTERS.index(key[1])
@@ -141,8 +151,12 @@ def main(args: argparse.Namespace) -> int:
     if args.repeats == 1:
         headers = ["pressure", "router", "requests", "errors", "engine hit (per request)", "engine hit (counters)",
                    "requests per engine", "TTFT p50 ms", "TTFT p90 ms"]
-        out = table(headers, sorted(rows, key=lambda r: order((str(r[0]), str(r[1])))))
+        out = table(headers, [[m.pressure, *row(m.router, m.run, m.hits, m.queries, m.split)]
+                              for m in sorted(results, key=lambda m: order((m.pressure, m.router)))])
     else:
+        runs: dict[tuple[str, str], list[tuple[Run, float]]] = {}
+        for m in results:
+            runs.setdefault((m.pressure, m.router), []).append((m.run, m.hit))
         headers = ["pressure", "router", "runs", "errors", "engine hit (counters): median (range)",
                    "TTFT p50 ms: median", "TTFT p90 ms: median (range)"]
         out = table(headers, [[key[0], *summary(key[1], runs[key])] for key in sorted(runs, key=order)])

@@ -425,3 +425,6 @@ def test_real_vllm_quality_reports_what_the_engines_measured() -> None:
     repeated = [(rv.Run(ttft_s=[0.1, 0.3]), 0.5), (rv.Run(ttft_s=[0.2, 0.6], errors=2), 0.7),
                 (rv.Run(ttft_s=[0.1, 0.2]), 0.6)]
     assert rq.summary("pd-router", repeated) == ["pd-router", 3, 2, "0.600 (0.500-0.700)", "200", "100 (100-200)"]
+    assert rq.Measured("1 tenants", "smg", run, 3.0, 4.0, [1.0, 1.0]).hit == 0.75
+    assert math.isnan(rq.Measured("1 tenants", "smg", run, 0.0, 0.0, [0.0, 0.0]).hit)
+    assert rv.p90([0.4, 0.1, 0.3, 0.2]) == 0.3
