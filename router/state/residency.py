@@ -21,8 +21,11 @@ engine evicts it), not the whole run at its deepest block's.
 
 Why it is laid out this way (recording a 512-block prompt is on every decision's path):
 - Expiry is kept per stamp range, not per entry: each instance has a short queue of
-  (time, last stamp handed out by then) marks, at most one per ``ttl / 64``; every stamp
-  up to the newest expired mark is expired. Refreshing a held key is then one C-level
+  (time, last stamp handed out by then) marks, at most one per ``ttl / 64`` of its first
+  touch (a mark's time moves to its latest touch, but a new mark starts once ``ttl / 64``
+  has passed since the mark began, so steady traffic cannot keep one mark, and with it
+  every stamp it covers, alive forever); every stamp up to the newest expired mark is
+  expired. Refreshing a held key is then one C-level
   stamp update and move in its LRU, with no expiry of its own to rewrite (an entry may
   outlive its TTL by up to ``ttl / 64``, never expire early).
 - The prefix an instance recorded last is kept (its keys and the stamp count after them)
@@ -64,7 +67,8 @@ class ResidencyIndex:
         self._lru: dict[str, OrderedDict[int, int]] = {}  # instance -> {key: stamp}, oldest first
         self._stamp: dict[str, int] = {}  # instance -> stamps handed out
         self._cap: dict[str, int] = {}  # instance -> the capacity it was last recorded with
-        self._marks: dict[str, deque[tuple[float, int]]] = {}  # instance -> (time, last stamp by then), oldest first
+        # instance -> (time, last stamp by then, when the mark began), oldest first
+        self._marks: dict[str, deque[tuple[float, int, float]]] = {}
         self._dead: dict[str, int] = {}  # instance -> every stamp up to this one has expired
         self._displacement = Displacement()  # what a copy would cost each instance's cache
         # instance -> (keys, stamps handed out after recording them) while they are its newest
@@ -96,10 +100,10 @@ class ResidencyIndex:
         marks = self._marks.get(instance)
         if marks is None:
             marks = self._marks[instance] = deque()
-        if marks and now - marks[-1][0] < self._mark_s:
-            marks[-1] = (max(now, marks[-1][0]), stamp + n)
+        if marks and now - marks[-1][2] < self._mark_s:  # within the period the last mark began
+            marks[-1] = (max(now, marks[-1][0]), stamp + n, marks[-1][2])
         else:
-            marks.append((now, stamp + n))
+            marks.append((now, stamp + n, now))
         evicted: list[int] = []
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)

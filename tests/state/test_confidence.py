@@ -159,3 +159,19 @@ def test_a_run_that_is_fresh_or_one_block_long_keeps_its_own_confidence():
     idx.record("a", list(range(100, 139)), cap=40, now=0)  # pushes 1..3 to the old end: 2 and 3 evicted
     assert idx.matched([1, 2, 3], ["a"], now=0) == {"a": 1}
     assert idx.confidences([1, 2, 3], {"a": 1}) == {"a": idx.confidence("a", 1)}
+
+
+def test_steady_traffic_does_not_keep_an_untouched_prefix_alive_past_its_ttl():
+    """Expiry marks are kept per ttl/64 period; a mark's period starts at its first touch.
+    (A mark whose period moved with every touch covered everything since traffic began:
+    an instance touched more often than every ttl/64 never expired anything.)"""
+    idx = ResidencyIndex(ttl_s=64)  # a mark per second
+    idx.record("a", [1, 2, 3], cap=100_000, now=0)
+    for k in range(1, 261):  # another prompt every quarter second, to 65 s
+        idx.record("a", [1000 + k], cap=100_000, now=k / 4)
+        if k / 4 < 64:
+            assert idx.matched([1, 2, 3], ["a"], now=k / 4) == {"a": 3}  # never early
+    assert idx.matched([1, 2, 3], ["a"], now=65.01) == {"a": 0}  # at most ttl/64 late
+    assert idx.holders(1, now=65.01) == []
+    assert idx.matched([1099], ["a"], now=65.01) == {"a": 1}  # touched at 24.75 s: alive
+    assert len(idx._marks["a"]) <= 66  # still a mark per period, not per record

@@ -37,10 +37,10 @@ class PerKeyResidency(ResidencyIndex):
         self._heads.setdefault(keys[0], {})[instance] = None
         self._stamp[instance] = stamp + n
         marks = self._marks.setdefault(instance, deque())
-        if marks and now - marks[-1][0] < self._mark_s:
-            marks[-1] = (max(now, marks[-1][0]), stamp + n)
+        if marks and now - marks[-1][2] < self._mark_s:
+            marks[-1] = (max(now, marks[-1][0]), stamp + n, marks[-1][2])
         else:
-            marks.append((now, stamp + n))
+            marks.append((now, stamp + n, now))
         while len(lru) > cap:
             old, _ = lru.popitem(last=False)
             self._drop(old, instance)
