@@ -55,6 +55,12 @@ class EnginesConfig(BaseModel):
         "it exceeds max_model_len: a lower bound, so a prompt that fits is never refused",
     )
 
+    learn_token_ratio: bool = Field(
+        default=True,
+        description="character keys (hashing.mode chars): learn how many of a model's tokens one estimated token is "
+        "from the prompt_tokens its answers report, and express each engine's cache in the router's estimated tokens "
+        "with it (off: hashing.chars_per_token is taken as exact)",
+    )
     calibration: EngineCalibrationConfig = Field(
         default_factory=EngineCalibrationConfig,
         description="prefill rates measured from the engines' own metrics, folded into the online calibration",

@@ -53,6 +53,9 @@ class Instance:
     source: str = STATIC
     draining: bool = False  # takes no new requests; those in flight finish
     factor: float = 1.0  # calibrated slowdown of the prefill rate
+    # engine tokens per router-estimated token (router/engines/token_ratio.py): the candidate's
+    # cache_tokens is the engine's capacity over this, in the router's estimated tokens
+    token_ratio: float = 1.0
     declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
     outlier: Outlier = field(default_factory=Outlier)  # passive record; ``healthy`` is the active checks' verdict
     # called once when the active checks take it out: attempts still waiting on it give up then
@@ -84,10 +87,10 @@ class Change:
         return bool(self.added or self.removed or self.updated)
 
 
-def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> Candidate:
+def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, token_ratio: float = 1.0) -> Candidate:
     return Candidate(
         id=ic.id,
-        cache_tokens=ic.cache_tokens,
+        cache_tokens=router_tokens(ic.cache_tokens, token_ratio),
         prefill_tokens_per_s=(ic.prefill_tokens_per_s or default_rate) / factor,
         role=ic.role,
         compat=ic.compat,
@@ -98,6 +101,11 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0) -> 
         # worker only serves requests paired with a prefill through a bootstrap room.
         standalone=ic.role == "mixed" or (ic.role == "decode" and ic.flavor == "vllm"),
     )
+
+
+def router_tokens(engine_tokens: int, token_ratio: float) -> int:
+    """An engine's token count in the router's estimated tokens (``token_ratio`` engine tokens each)."""
+    return engine_tokens if token_ratio == 1.0 else max(1, round(engine_tokens / token_ratio))
 
 
 class InstancePool:
@@ -115,7 +123,7 @@ class InstancePool:
         self._health = config.health
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
         for inst in self._instances.values():
-            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor)
+            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor, inst.token_ratio)
         self.version += 1
 
     # -- membership ----------------------------------------------------------------------
@@ -138,8 +146,8 @@ class InstancePool:
             if new is None or new.url != inst.url:  # gone, or the same name elsewhere: a different cache
                 change.removed.append(self._remove(inst.id))
             elif new != (inst.declared or inst.config):  # facts the engine reported are not a change
-                inst.config, inst.declared = new, None
-                inst.candidate = _candidate(new, self._default_rate, inst.factor)
+                inst.config, inst.declared = new, None  # the same engine (same URL): its token ratio holds
+                inst.candidate = _candidate(new, self._default_rate, inst.factor, inst.token_ratio)
                 change.updated.append(inst)
         for instance_id, ic in wanted.items():
             if instance_id not in self._instances:
@@ -186,7 +194,7 @@ class InstancePool:
         inst = self._lookup(instance_id)
         if inst is not None:
             inst.factor = factor
-            inst.candidate = _candidate(inst.config, self._default_rate, factor)
+            inst.candidate = _candidate(inst.config, self._default_rate, factor, inst.token_ratio)
 
     def apply_facts(self, instance_id: str, config: InstanceConfig) -> None:
         """From now on use ``config``: the configured one with engine-reported facts filled
@@ -195,7 +203,18 @@ class InstancePool:
         inst.declared = inst.declared or inst.config
         inst.config = config
         self.version += 1
-        inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=config.cache_tokens, compat=config.compat)
+        inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=router_tokens(config.cache_tokens, inst.token_ratio),
+                                             compat=config.compat)
+
+    def set_token_ratio(self, instance_id: str, ratio: float) -> Instance | None:
+        """From now on count ``ratio`` engine tokens per router-estimated token on this
+        instance: its capacity in the router's tokens follows. None when it left the pool."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return None
+        inst.token_ratio = ratio
+        inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=router_tokens(inst.config.cache_tokens, ratio))
+        return inst
 
     def compat_report(self) -> dict[str, str]:
         """Instances that can never be paired, with the reason (empty when all can)."""

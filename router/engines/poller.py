@@ -116,7 +116,7 @@ class EnginePoller:
             a, b = before.get(inst.id, Load()), after.get(inst.id, Load())
             booked = Load(max(a.requests, b.requests), max(a.prefill_tokens, b.prefill_tokens),
                           max(a.kv_tokens, b.kv_tokens), max(a.transfers, b.transfers))
-            external = external_load(reading, booked, inst.config.cache_tokens)
+            external = external_load(reading, booked, inst.candidate.cache_tokens)  # booked KV is in the router's tokens
         self.book.record_reading(inst.id, reading, external)
         calibration = self._engines.calibration
         if calibration.enabled:
@@ -177,7 +177,7 @@ class EnginePoller:
                 self._pool.apply_facts(inst.id, effective)
             except KeyError:  # it left the pool while we were reading it
                 return
-            self._store.set_capacity(inst.id, self._config.residency_cap(effective))
+            self._store.set_capacity(inst.id, self._config.residency_cap(effective, inst.token_ratio))
             for instance_id, unpairable in self._pool.compat_report().items():
                 self._log_once(instance_id, "compat", f"instance {instance_id} can never be paired: {unpairable}")
         self._applied[inst.id] = inst.config

@@ -249,6 +249,8 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                  "compat": dict(zip(("model", "kv_dtype", "block_size", "flavor"), i.config.compat)),
                  "unpairable": unpairable.get(i.id), "calibration_factor": i.factor,
                  "prefill_tokens_per_s": i.candidate.prefill_tokens_per_s,
+                 # the cache in the router's estimated tokens, with the engine's tokens per estimated token
+                 "cache_tokens": i.candidate.cache_tokens, "token_ratio": i.token_ratio,
                  "load": dataclasses.asdict(snap.loads[i.id]), "engine": book.describe(i.id)}
                 for i in pool
             ],

@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 
 from router.config.engines import EngineCalibrationConfig
-from router.config.model import TTFTWeights
+from router.config.model import RouterConfig, TTFTWeights
 from router.core.instances import InstancePool
 from router.core.metrics import Metrics
 from router.engines.prefill_rate import PrefillSample
+from router.engines.token_ratio import TokenRatio
+from router.request.admission import Admission
 from router.request.lifecycle import Abandon, Attempt, Hook
 from router.scheduling.calibration import Calibrator, calibration_key, queued_share
 from router.scheduling.cost import prefill_seconds
@@ -185,6 +187,44 @@ class MetricsHook(Hook):
         # "failed": the router's own error, counted as rejected where it is raised
 
 
+class TokenRatioHook(Hook):
+    """The engine's own prompt token count against the router's estimate, at each answer that
+    reports one: per model, how many engine tokens one estimated token is (character keys
+    only), and with it each instance's cache in the router's tokens (residency entries, KV
+    room: router/engines/token_ratio.py says why). Applied to every instance serving the model
+    when the ratio has moved 5% since it was last applied, and to instances that joined since."""
+
+    _MODELS = 64  # models learned at most (only served models reach here: admission refused the rest)
+
+    def __init__(self, config: RouterConfig, pool: InstancePool, store: StateStore, admission: Admission,
+                 metrics: Metrics) -> None:
+        self.config, self.pool, self.store, self.admission, self.metrics = config, pool, store, admission, metrics
+        self.ratios: dict[str, TokenRatio] = {}
+        self._applied: dict[str, tuple[float, int]] = {}  # model -> (ratio applied, pool version then)
+
+    async def end(self, attempt: Attempt, outcome: Outcome) -> None:
+        reported, estimated = attempt.reported_prompt_tokens, attempt.estimated_prompt_tokens
+        if reported is None or estimated is None or outcome != "ok":
+            return
+        if not self.config.engines.learn_token_ratio or self.config.hashing.mode != "chars":
+            return
+        ratio = self.ratios.get(attempt.model)
+        if ratio is None:
+            if len(self.ratios) >= self._MODELS:
+                return
+            ratio = self.ratios[attempt.model] = TokenRatio()
+        ratio.observe(estimated, reported)
+        value = ratio.ratio
+        applied, version = self._applied.get(attempt.model, (1.0, -1))
+        if abs(value / applied - 1.0) < 0.05 and version == self.pool.version:
+            return
+        self._applied[attempt.model] = (value, self.pool.version)
+        for inst in self.admission.usable(list(self.pool), attempt.model):
+            if inst.token_ratio != value and self.pool.set_token_ratio(inst.id, value) is not None:
+                self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, value))
+                self.metrics.token_ratio.labels(inst.id).set(value)
+
+
 class OutlierHook(Hook):
     """Passive health: how each relayed answer ended counts for or against its instance
     (router/core/outlier.py). A client disconnect says nothing about the engine."""
@@ -217,6 +257,8 @@ class AccessLogHook(Hook):
                      why.kind, why.reason, why.instance, attempt.duration_s)
 
 
-def standard_hooks(store: StateStore, calibration: CalibrationHook, pool: InstancePool, metrics: Metrics) -> list[Hook]:
+def standard_hooks(store: StateStore, calibration: CalibrationHook, pool: InstancePool, metrics: Metrics,
+                   token_ratio: TokenRatioHook | None = None) -> list[Hook]:
     """The hooks every router runs, in order."""
-    return [BookingHook(store), calibration, OutlierHook(pool, metrics), MetricsHook(metrics), AccessLogHook()]
+    ratio = [] if token_ratio is None else [token_ratio]
+    return [BookingHook(store), calibration, *ratio, OutlierHook(pool, metrics), MetricsHook(metrics), AccessLogHook()]

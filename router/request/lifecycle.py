@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from router.core.instances import Instance
+from router.engines.token_ratio import reported_prompt_tokens
 from router.scheduling.decide import Routed
 from router.upstream.relay import Outcome
 
@@ -50,6 +51,11 @@ class Attempt:
     first_byte_s: float | None = None  # since the decision began, set just before first_byte runs
     duration_s: float | None = None  # since the decision began, set just before end/abandon run
     finished: bool = False  # end or abandon ran
+    # the prompt's tokens as the router estimated them from its characters (None: counted
+    # exactly, from token ids), and as the engine's answer reported them (usage.prompt_tokens)
+    estimated_prompt_tokens: int | None = None
+    reported_prompt_tokens: int | None = None
+    model: str = ""  # the model the request named
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +174,11 @@ class AttemptObserver:
     async def first_byte(self) -> None:
         await self._lifecycle.first_byte(self._attempt)
 
-    async def end(self, outcome: Outcome) -> None:
-        await self._lifecycle.end(self._attempt, outcome)
+    async def end(self, outcome: Outcome, tail: bytes = b"") -> None:
+        attempt = self._attempt
+        if tail and outcome == "ok" and attempt.estimated_prompt_tokens is not None:
+            attempt.reported_prompt_tokens = reported_prompt_tokens(tail)
+        await self._lifecycle.end(attempt, outcome)
 
 
 def _name(hook: Callable[..., object]) -> str:

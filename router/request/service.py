@@ -29,10 +29,11 @@ from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
 from router.core.shielded import shielded
 from router.engines.book import EngineBook
+from router.engines.token_ratio import reported_prompt_tokens
 from router.request.admission import Admission
 from router.request.attempts import AttemptOutcome, Retry, Served, Tried, give_up_when_down, transport_failure
 from router.request.continuation import Continuation, continuable
-from router.request.hooks import CalibrationHook, standard_hooks
+from router.request.hooks import CalibrationHook, TokenRatioHook, standard_hooks
 from router.request.inputs import read_body, request_slo
 from router.request.keys import route_request
 from router.request.lifecycle import Abandon, Attempt, AttemptObserver, Hook, Lifecycle
@@ -94,7 +95,10 @@ class RouterService:
         self.standby = Standby(config, pool, self.admission, store, upstream, metrics, new_id, self.rng)
         # the calibration hook is also fed by the engine poller (engine-measured prefill rates)
         self.calibration = CalibrationHook(self.calibrator, pool, metrics)
-        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibration, pool, metrics), self.standby, *hooks])
+        # the engines' prompt token counts against the router's estimates: capacities in the router's tokens
+        self.token_ratio = TokenRatioHook(config, pool, store, self.admission, metrics)
+        self.lifecycle = Lifecycle([*standard_hooks(store, self.calibration, pool, metrics, self.token_ratio), self.standby,
+                                    *hooks])
         self.pruner = Pruner(config.policy.candidates, random.Random(config.policy.seed))
         # what a KV store the engines share holds (kv_store), None without one
         self.store_tier = build_store_tier(config.kv_store, config.pd.kv_bytes_per_token, config.hashing.block_tokens)
@@ -243,7 +247,9 @@ class RouterService:
         """One attempt on the booked route, from before_send to its answer or abandon."""
         decision = routed.decision
         prefill = None if decision.prefill is None else self.pool.get(decision.prefill)
-        attempt = Attempt(request_id, routed, self.pool.get(decision.instance), prefill)
+        attempt = Attempt(request_id, routed, self.pool.get(decision.instance), prefill, model=parsed.model)
+        if parsed.tokens is None:  # counted from characters: the engine's count tells how many it really was
+            attempt.estimated_prompt_tokens = parsed.prompt_tokens
         await self.lifecycle.before_send(attempt)
         try:
             if prefill is None:
@@ -361,6 +367,8 @@ class RouterService:
         if attempt.streaming:
             return Served(RelayResponse(upstream, attempt.request_id, self.lifecycle.observer(attempt), first, chunks,
                                         self.config.proxy.idle_timeout_s))
+        if attempt.estimated_prompt_tokens is not None:
+            attempt.reported_prompt_tokens = reported_prompt_tokens(body)
         await shielded(self.lifecycle.end(attempt, "ok"))
         return Served(WholeAnswer(body, status, returned_headers(upstream)))
 

@@ -39,11 +39,12 @@ Outcome = Literal["ok", "upstream_error", "client_disconnect"]
 
 
 class RelayObserver(Protocol):
-    """Hears how a relay goes: ``first_byte`` at most once, then ``end`` exactly once."""
+    """Hears how a relay goes: ``first_byte`` at most once, then ``end`` exactly once, with
+    the last bytes relayed (the last two chunks: where an event stream's ``usage`` is)."""
 
     async def first_byte(self) -> None: ...
 
-    async def end(self, outcome: Outcome) -> None: ...
+    async def end(self, outcome: Outcome, tail: bytes = b"") -> None: ...
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class RelayResponse(Response):
         self._first, self._chunks, self._idle = first, chunks, idle_timeout_s
         self._continuer = continuer
         self._is_sse = is_event_stream(upstream)
+        self._tail: tuple[bytes, bytes] = (b"", first)  # the last two chunks relayed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "client_disconnect"
@@ -185,12 +187,12 @@ class RelayResponse(Response):
                 raise
         finally:
             stop()
-            await shielded(self._close(self._upstream, self._observer, outcome))
+            await shielded(self._close(self._upstream, self._observer, outcome, b"".join(self._tail)))
 
     @staticmethod
-    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome) -> None:
+    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome, tail: bytes = b"") -> None:
         await upstream.aclose()
-        await observer.end(outcome)
+        await observer.end(outcome, tail)
 
     def continue_with(self, continuer: StreamContinuer) -> None:
         self._continuer = continuer
@@ -220,6 +222,7 @@ class RelayResponse(Response):
             await shielded(self._close(self._upstream, self._observer, "upstream_error"))
             self._upstream, self._first, self._chunks, self._observer = (
                 resumed.upstream, resumed.first, resumed.chunks, resumed.observer)
+            self._tail = (b"", resumed.first)
 
     async def _pump(self, send: Send) -> Outcome:
         # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
@@ -250,6 +253,8 @@ class RelayResponse(Response):
                 except StopAsyncIteration:
                     break
                 idle.reschedule(None)
+                if chunk:
+                    self._tail = (self._tail[1], chunk)
         rest = b"" if feed is None else feed.flush()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return "ok"

@@ -1,0 +1,92 @@
+"""Through the router with an emulated engine whose tokenizer is denser than the router's
+4-characters-per-token estimate: the engine's prompt counts teach the router how many engine
+tokens its estimate is, and the engine's cache is re-expressed in the router's tokens."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+from router.config.model import RouterConfig, load_config
+from router.gateway.app import create_app
+from router.request.prompt import parse_body
+from router.tools.emulator.config import EmulatorConfig
+from router.tools.emulator.launch import start_in_thread
+from router.tools.emulator.tokenizer import Tokenizer
+from servers import serve_app
+
+TOKEN = "t"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+ENGINE = EmulatorConfig(model="tiny", time_scale=0.01, block_size=32, cache_tokens=8192, max_model_len=4096)
+WORDS = ["données", "état", "réseau", "mémoire", "clé", "été", "première", "élève"]  # the engine's tokenizer falls back to bytes
+
+
+def prompt(i: int) -> str:
+    return f"Question {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(60))
+
+
+@contextmanager
+def routed(**overrides: object) -> Iterator[tuple[str, RouterConfig, object]]:
+    with start_in_thread(ENGINE) as engine:
+        config = load_config(overrides={"instances": [{"url": engine.url, "name": "e0"}], "server": {"admin_token": TOKEN},
+                                        "health": {"interval_s": 60}, **overrides})
+        app = create_app(config)
+        with serve_app(app) as url:
+            yield url, config, app
+
+
+def instance(url: str) -> dict:
+    return httpx.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0]
+
+
+def test_the_engines_prompt_counts_convert_its_cache_into_the_routers_tokens() -> None:
+    tokenizer = Tokenizer()
+    with routed() as (url, config, app):
+        assert (instance(url)["token_ratio"], instance(url)["cache_tokens"]) == (1.0, 8192)
+        estimated = reported = 0
+        for i in range(20):
+            body = {"model": "tiny", "prompt": prompt(i), "max_tokens": 2}
+            if i % 4 == 3:  # a stream that asks for usage: its last event carries the count
+                body |= {"stream": True, "stream_options": {"include_usage": True}}
+                with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+                    assert r.status_code == 200 and b"".join(r.iter_raw()).endswith(b"data: [DONE]\n\n")
+            else:
+                r = httpx.post(f"{url}/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode(prompt(i)))
+            estimated += parse_body(json.dumps(body).encode(), "completions", 4.0).prompt_tokens
+            reported += len(tokenizer.encode(prompt(i)))
+        truth = reported / estimated
+        assert truth > 1.5  # the engine's tokenizer is denser than 4 characters a token here
+        doc = instance(url)
+        assert abs(doc["token_ratio"] / truth - 1) < 0.02, (doc["token_ratio"], truth)
+        assert doc["cache_tokens"] == round(8192 / doc["token_ratio"])  # the cache in the router's tokens
+        hook = app.state.service.token_ratio
+        assert hook.ratios["tiny"].answers == 20  # every answer counted, the streams' too
+        # residency holds as many keys as the cache holds of the router's blocks
+        assert app.state.store._caps["e0"] == config.residency_cap(app.state.pool.get("e0").config, doc["token_ratio"])
+        assert app.state.store._caps["e0"] < config.residency_cap(app.state.pool.get("e0").config)
+        metrics = httpx.get(f"{url}/metrics").text
+        assert f'pd_router_engine_token_ratio{{engine="e0"}} {doc["token_ratio"]}' in metrics
+        # a stream that does not ask for usage says nothing; neither does an engine's error answer
+        with httpx.stream("POST", f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(99), "max_tokens": 2,
+                                                                  "stream": True}) as r:
+            r.read()
+        r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(98), "max_tokens": 2, "n": 0})
+        assert r.status_code == 400
+        assert hook.ratios["tiny"].answers == 20
+
+
+def test_off_or_with_token_keys_the_estimate_is_taken_as_exact() -> None:
+    with routed(engines={"learn_token_ratio": False}) as (url, _, app):
+        for i in range(20):
+            assert httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(i), "max_tokens": 2}).status_code == 200
+        assert (instance(url)["token_ratio"], instance(url)["cache_tokens"]) == (1.0, 8192)
+        assert app.state.service.token_ratio.ratios == {}
+    with routed() as (url, _, app):  # token-id prompts are counted exactly: nothing to learn from them
+        for i in range(20):
+            assert httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [7 + i] * 300, "max_tokens": 2}).status_code == 200
+        assert app.state.service.token_ratio.ratios == {}
