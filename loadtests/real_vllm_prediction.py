@@ -51,6 +51,8 @@ ADMIN = "bench"
 SETUPS: dict[str, Callable[[Path], dict]] = {
     "config only": lambda _model: {"engines": {"poll": False}},
     "engine facts": lambda _model: {"engines": {"poll": True}},
+    # the control of the engines' token counts (router/engines/token_ratio.py): 4 characters a token taken as exact
+    "engine facts, token ratio not learned": lambda _model: {"engines": {"poll": True, "learn_token_ratio": False}},
     # token-mode keys over the model's own tokenizer.json, no events: what exact keys alone buy
     "tokens, approximate": lambda model: {"engines": {"poll": True}, "hashing": _tokens(model)},
     # the same keys, residency from the engines' KV events (found through /kv_event_sources)

@@ -49,8 +49,10 @@ from router.tools import realvllm  # noqa: E402
 from router.tools.localrun import router_process  # noqa: E402
 
 SECTION = "Routing quality, two real vLLM engines: pd-router against the peers (issue 9)"
-OURS = {"pd-router": "engine facts", "pd-router precise": "precise (KV events)"}
-ROUTERS = ("pd-router", "pd-router precise", "sglang-router", "smg", "vllm-router")
+OURS = {"pd-router": "engine facts", "pd-router precise": "precise (KV events)",
+        "pd-router unlearned": "engine facts, token ratio not learned"}
+ROUTERS = ("pd-router", "pd-router precise", "sglang-router", "smg", "vllm-router", "pd-router unlearned")
+DEFAULT_ROUTERS = ROUTERS[:5]  # the control of the token ratio only on request
 
 
 def finished(texts: list[str]) -> list[float]:
@@ -177,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
         command = ("PD_ROUTER_VLLM_PYTHON=... python loadtests/real_vllm_quality.py --tenants "
                    + " ".join(map(str, args.tenants)) + f" --requests {args.requests}"
                    + (" --routers " + " ".join(f"'{r}'" if " " in r else r for r in args.routers)
-                      if list(args.routers) != list(ROUTERS) else "")
+                      if list(args.routers) != list(DEFAULT_ROUTERS) else "")
                    + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + " --write")
         write_section(args.section, command, note + "\n\n" + out)
     return 0
@@ -192,7 +194,7 @@ def _positive(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
+    p.add_argument("--routers", nargs="+", default=list(DEFAULT_ROUTERS), choices=list(ROUTERS))
     p.add_argument("--tenants", type=int, nargs="+", default=[8, 16, 32],
                    help="tenants per run: each one's system prompt is ~1,000 tokens against 2 x 8,192 cached")
     add_traffic_args(p)

@@ -412,8 +412,11 @@ def test_real_vllm_quality_reports_what_the_engines_measured() -> None:
     from loadtests import real_vllm_quality as rq
 
     args = rq.parse_args([])
-    assert args.tenants == [8, 16, 32] and list(args.routers) == list(rq.ROUTERS) and not args.write
+    assert args.tenants == [8, 16, 32] and list(args.routers) == list(rq.DEFAULT_ROUTERS) and not args.write
+    assert "pd-router unlearned" not in args.routers  # the token ratio's control runs on request
+    assert rq.parse_args(["--routers", "pd-router unlearned"]).routers == ["pd-router unlearned"]
     assert set(rq.OURS.values()) <= set(rv.SETUPS)  # pd-router's rows are set up as the prediction benchmark's
+    assert rv.SETUPS[rq.OURS["pd-router unlearned"]](None)["engines"]["learn_token_ratio"] is False
     run = rv.Run(ttft_s=[0.3, 0.1, 0.2, 0.4], cached_share=[0.5, 1.0, 0.0, 0.5], errors=1)
     r = rq.row("smg", run, hits=300.0, queries=400.0, split=[3.0, 1.0])
     assert r == ["smg", 4, 1, "0.500", "0.750", "3/1", "250", "300"]

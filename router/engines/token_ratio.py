@@ -25,6 +25,8 @@ MIN_RATIO = 0.1
 MAX_RATIO = 10.0
 _MAX_TOKENS = 100_000_000  # a reported count above this is not a prompt: ignored
 _KEY = b'"prompt_tokens"'
+_SPACE = frozenset(b" \t\r\n")
+_OPENERS = frozenset(b"{,")
 
 
 def reported_prompt_tokens(data: bytes) -> int | None:
@@ -40,8 +42,10 @@ def reported_prompt_tokens(data: bytes) -> int | None:
         if at < 0:
             return None
         end = at
-        before = data[:at].rstrip()
-        if not before or before[-1:] not in (b"{", b","):
+        i = at - 1  # the byte before the key, past whitespace (no copy of what precedes: answers can be long)
+        while i >= 0 and data[i] in _SPACE:
+            i -= 1
+        if i < 0 or data[i] not in _OPENERS:
             continue
         rest = data[at + len(_KEY): at + len(_KEY) + 32].lstrip()
         if not rest.startswith(b":"):
