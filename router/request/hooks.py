@@ -11,7 +11,7 @@ import logging
 
 from router.config.engines import EngineCalibrationConfig
 from router.config.model import RouterConfig, TTFTWeights
-from router.core.instances import InstancePool
+from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
 from router.engines.prefill_rate import PrefillSample
 from router.engines.token_ratio import TokenRatio
@@ -207,6 +207,10 @@ class TokenRatioHook(Hook):
         if reported is None or estimated is None or outcome != "ok":
             return
         if not self.config.engines.learn_token_ratio or self.config.hashing.mode != "chars":
+            if self.ratios:  # turned off while running: back to the estimate taken as exact
+                self.ratios.clear()
+                self._applied.clear()
+                self._apply(list(self.pool), 1.0)
             return
         ratio = self.ratios.get(attempt.model)
         if ratio is None:
@@ -219,7 +223,10 @@ class TokenRatioHook(Hook):
         if abs(value / applied - 1.0) < 0.05 and version == self.pool.version:
             return
         self._applied[attempt.model] = (value, self.pool.version)
-        for inst in self.admission.usable(list(self.pool), attempt.model):
+        self._apply(self.admission.usable(list(self.pool), attempt.model), value)
+
+    def _apply(self, instances: list[Instance], value: float) -> None:
+        for inst in instances:
             if inst.token_ratio != value and self.pool.set_token_ratio(inst.id, value) is not None:
                 self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, value))
                 self.metrics.token_ratio.labels(inst.id).set(value)

@@ -78,6 +78,13 @@ def test_the_engines_prompt_counts_convert_its_cache_into_the_routers_tokens() -
         r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(98), "max_tokens": 2, "n": 0})
         assert r.status_code == 400
         assert hook.ratios["tiny"].answers == 20
+        # turned off while running: the next answer puts the estimate back as exact
+        patch = httpx.patch(f"{url}/admin/config", headers={**AUTH, "content-type": "application/merge-patch+json"},
+                            json={"engines": {"learn_token_ratio": False}})
+        assert patch.status_code == 200, patch.text
+        assert httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(0), "max_tokens": 2}).status_code == 200
+        assert (instance(url)["token_ratio"], instance(url)["cache_tokens"]) == (1.0, 8192)
+        assert app.state.store._caps["e0"] == config.residency_cap(app.state.pool.get("e0").config)
 
 
 def test_off_or_with_token_keys_the_estimate_is_taken_as_exact() -> None:
