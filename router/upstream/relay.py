@@ -40,7 +40,8 @@ Outcome = Literal["ok", "upstream_error", "client_disconnect"]
 
 class RelayObserver(Protocol):
     """Hears how a relay goes: ``first_byte`` at most once, then ``end`` exactly once, with
-    the last bytes relayed (the last two chunks: where an event stream's ``usage`` is)."""
+    the last bytes relayed (the last three chunks: where an event stream's ``usage`` is, even
+    when a read split its event, with the terminator after it)."""
 
     async def first_byte(self) -> None: ...
 
@@ -165,7 +166,7 @@ class RelayResponse(Response):
         self._first, self._chunks, self._idle = first, chunks, idle_timeout_s
         self._continuer = continuer
         self._is_sse = is_event_stream(upstream)
-        self._tail: tuple[bytes, bytes] = (b"", first)  # the last two chunks relayed
+        self._tail: tuple[bytes, bytes, bytes] = (b"", b"", first)  # the last three chunks relayed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome: Outcome = "client_disconnect"
@@ -222,7 +223,7 @@ class RelayResponse(Response):
             await shielded(self._close(self._upstream, self._observer, "upstream_error"))
             self._upstream, self._first, self._chunks, self._observer = (
                 resumed.upstream, resumed.first, resumed.chunks, resumed.observer)
-            self._tail = (b"", resumed.first)
+            self._tail = (b"", b"", resumed.first)
 
     async def _pump(self, send: Send) -> Outcome:
         # From UpstreamTransport: once the whole body arrived, the last chunk goes out with the
@@ -254,7 +255,8 @@ class RelayResponse(Response):
                     break
                 idle.reschedule(None)
                 if chunk:
-                    self._tail = (self._tail[1], chunk)
+                    tail = self._tail
+                    self._tail = (tail[1], tail[2], chunk)
         rest = b"" if feed is None else feed.flush()
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return "ok"

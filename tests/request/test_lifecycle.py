@@ -195,3 +195,47 @@ async def test_abandon_finishes_even_when_its_task_is_cancelled():
     await asyncio.sleep(0.02)
     task.cancel()
     await asyncio.wait_for(done.wait(), 1)
+
+
+def test_the_engines_prompt_count_reaches_the_attempt_even_when_a_read_splits_its_event():
+    """The relay hands the end of a stream to the attempt: the usage event, split over two
+    reads and followed by the terminator in a third, still gives the engine's count; a JSON
+    answer's body gives it too; a stream without usage gives none."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def completion(request):
+        body = await request.json()
+        if not body.get("stream"):
+            return JSONResponse({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 123, "completion_tokens": 1}})
+
+        async def events():
+            yield 'data: {"choices": [{"text": "a"}]}\n\n'
+            if body.get("stream_options"):
+                for part in ('data: {"choices": [], "usage": {"prompt_t', 'okens": 321, "total_tokens": 330}}\n\n'):
+                    await asyncio.sleep(0.05)  # separate reads at the router
+                    yield part
+            await asyncio.sleep(0.05)
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    engine = Starlette(routes=[Route("/v1/completions", completion, methods=["POST"]), Route("/v1/models", models),
+                               Route("/health", lambda r: JSONResponse({}))])
+    log: list = []
+    with serve_app(engine) as engine_url:
+        config = load_config(overrides={"instances": [{"url": engine_url, "name": "a", "model": "m"}],
+                                        "health": {"interval_s": 60}})
+        with serve_app(create_app(config, hooks=[Recorder("A", log)])) as url:
+            for extra in ({"stream": True, "stream_options": {"include_usage": True}}, {}, {"stream": True}):
+                r = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": PROMPT, **extra})
+                assert r.status_code == 200
+            wait_for(lambda: sum(event == "end" for _, event, _, _ in log) == 3)
+    ends = [attempt for _, event, attempt, _ in log if event == "end"]
+    assert [a.reported_prompt_tokens for a in ends] == [321, 123, None]
+    estimates = {a.estimated_prompt_tokens for a in ends}  # the same prompt each time, estimated from its characters
+    assert len(estimates) == 1 and 0.2 * len(PROMPT) < estimates.pop() < 0.3 * len(PROMPT)
+    assert all(a.model == "m" for a in ends)
