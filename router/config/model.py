@@ -308,13 +308,13 @@ class RouterConfig(BaseSettings):
         # Environment first so it overrides the YAML passed in as init kwargs.
         return (env_settings, init_settings)
 
-    def residency_cap(self, inst: InstanceConfig, token_ratio: float = 1.0) -> int:
-        """Residency entries kept for ``inst``: its cache capacity expressed in block keys
-        (``token_ratio``: the engine's tokens per token the router estimates; see
-        router/engines/token_ratio.py)."""
+    def residency_cap(self, inst: InstanceConfig, cache_tokens: int | None = None) -> int:
+        """Residency entries kept for ``inst``: its cache capacity expressed in block keys.
+        ``cache_tokens``: that capacity in the router's estimated tokens when they differ from
+        the engine's (its candidate's: router/engines/token_ratio.py), else ``inst``'s own."""
         if self.state.max_keys_per_instance is not None:
             return self.state.max_keys_per_instance
-        return max(1, int(inst.cache_tokens / token_ratio) // self.hashing.block_tokens)
+        return max(1, (inst.cache_tokens if cache_tokens is None else cache_tokens) // self.hashing.block_tokens)
 
 
 class ConfigError(Exception):

@@ -177,7 +177,7 @@ class EnginePoller:
                 self._pool.apply_facts(inst.id, effective)
             except KeyError:  # it left the pool while we were reading it
                 return
-            self._store.set_capacity(inst.id, self._config.residency_cap(effective, inst.token_ratio))
+            self._store.set_capacity(inst.id, self._config.residency_cap(effective, inst.candidate.cache_tokens))
             for instance_id, unpairable in self._pool.compat_report().items():
                 self._log_once(instance_id, "compat", f"instance {instance_id} can never be paired: {unpairable}")
         self._applied[inst.id] = inst.config

@@ -194,7 +194,7 @@ class Live:
     def _sync_locked(self, source: str, instances: Sequence[InstanceConfig]) -> Change:
         change = self.pool.sync(source, instances, healthy=False)
         for inst in change.added + change.updated:
-            self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, inst.token_ratio))
+            self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, inst.candidate.cache_tokens))
         for inst in change.added:
             self._spawn(self.checker.check(inst), f"pd-router-check-{inst.id}")
         for inst in change.removed:

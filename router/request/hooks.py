@@ -228,7 +228,7 @@ class TokenRatioHook(Hook):
     def _apply(self, instances: list[Instance], value: float) -> None:
         for inst in instances:
             if inst.token_ratio != value and self.pool.set_token_ratio(inst.id, value) is not None:
-                self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, value))
+                self.store.set_capacity(inst.id, self.config.residency_cap(inst.config, inst.candidate.cache_tokens))
                 self.metrics.token_ratio.labels(inst.id).set(value)
 
 

@@ -67,7 +67,7 @@ def test_the_engines_prompt_counts_convert_its_cache_into_the_routers_tokens() -
         hook = app.state.service.token_ratio
         assert hook.ratios["tiny"].answers == 20  # every answer counted, the streams' too
         # residency holds as many keys as the cache holds of the router's blocks
-        assert app.state.store._caps["e0"] == config.residency_cap(app.state.pool.get("e0").config, doc["token_ratio"])
+        assert app.state.store._caps["e0"] == config.residency_cap(app.state.pool.get("e0").config, doc["cache_tokens"])
         assert app.state.store._caps["e0"] < config.residency_cap(app.state.pool.get("e0").config)
         metrics = httpx.get(f"{url}/metrics").text
         assert f'pd_router_engine_token_ratio{{engine="e0"}} {doc["token_ratio"]}' in metrics
