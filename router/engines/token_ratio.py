@@ -9,8 +9,9 @@ right for English on Llama-3-like tokenizers and wrong elsewhere: the project's 
 testbed's tokenizer makes ~4.4 (the router then believed the caches 10% smaller than they
 were); code runs nearer 3, and text a tokenizer falls back to bytes for (most non-Latin
 scripts on small vocabularies) a few times fewer. Every answer says how many tokens its
-prompt was (``usage.prompt_tokens``), so the ratio is measured per instance instead of
-assumed, and each instance's capacity is converted with its own.
+prompt was (``usage.prompt_tokens``), so the ratio is measured instead of assumed: one per
+model (the tokenizer is the model's; router/request/hooks.py TokenRatioHook), and the
+capacity of every instance serving the model is converted with it.
 
 The estimate is a ratio of decayed sums (reported over estimated tokens, each weighing its
 prompt's length), used once ``min_requests`` answers are in, and bounded to
@@ -62,7 +63,7 @@ def reported_prompt_tokens(data: bytes) -> int | None:
 
 @dataclass
 class TokenRatio:
-    """One instance's engine tokens per router-estimated token (1.0 until measured)."""
+    """One model's engine tokens per router-estimated token (1.0 until measured)."""
 
     min_requests: int = 16
     memory: float = 256.0  # answers: each one's weight decays by 1/memory per later answer
