@@ -100,10 +100,21 @@ class CalibrationHook(Hook):
         if instance not in self.pool:
             return
         key = self._key(instance)
-        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, routed.booking, instance))
+        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, routed.booking, instance),
+                                         factor_then=self._factor_then(instance, routed))
         if factor is not None:
             self._measured[instance] = self._measured.get(instance, 0) + 1
         self._apply(key, factor)
+
+    def _factor_then(self, instance: str, routed: Routed) -> float | None:
+        """The factor ``instance``'s rate was scaled by when ``routed`` was decided (None: unknown,
+        the current one stands in): its declared rate over the rate the decision priced."""
+        d, rate = routed.decision, routed.prefill_rate
+        if not rate or (d.prefill or d.instance) != instance:
+            return None
+        inst = self.pool.get(instance)
+        rate_now = inst.candidate.prefill_tokens_per_s
+        return rate_now * inst.factor / rate if rate_now else None
 
     def observe_engine(self, instance: str, sample: PrefillSample, weights: TTFTWeights,
                        config: EngineCalibrationConfig) -> float | None:

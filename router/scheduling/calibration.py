@@ -29,6 +29,9 @@ Two rules keep the beliefs self-correcting:
 * Two sources: the router's own first-byte TTFTs, and the engines' own prefill histograms
   (router/engines/prefill_rate.py, folded in with a weight below one), which also measure
   traffic that bypasses this router and instances it stopped sending to.
+* The factor an estimate was made with: a first byte corrects that factor (``factor_then``),
+  not whatever the factor has become while it was in flight (else a warm-up burst drives it
+  to a bound).
 * Staleness: a factor is only as good as its last measurement. One that has not been
   re-measured for ``stale_after_s`` relaxes toward 1.0 (the configured rate) with
   ``relax_half_life_s``. A factor high enough to keep all traffic away from an instance
@@ -85,8 +88,15 @@ class Calibrator:
         return self.factors.get(key, 1.0)
 
     def observe(self, instance: str, estimated_s: float, actual_s: float, weight: float = 1.0,
-                queued: float = 0.0) -> float | None:
+                queued: float = 0.0, factor_then: float | None = None) -> float | None:
         """Fold one measurement in; return the new factor (None when nothing changed).
+
+        ``factor_then``: the factor the estimate was made with, when it may differ from the
+        current one (a first byte comes back after the factor moved on others' measurements).
+        The measurement says the factor should have been ``factor_then * actual / estimated``;
+        scaling the *current* factor by that ratio instead counts the correction twice: in a
+        burst decided before the first measurement, every later first byte pushed a factor
+        already corrected 4x on by its ratio again, down to ``min_factor``.
 
         ``queued``: the ``queued_share`` of the measured request; above ``max_queued_share``
         the measurement is the queue's, and is not folded in.
@@ -104,7 +114,7 @@ class Calibrator:
         ewma = c.alpha if weight == 1.0 else 1.0 - math.pow(1.0 - c.alpha, weight)  # exact for one measurement
         alpha = min(1.0, max(ewma, weight / n)) if n <= c.warmup else ewma
         old = self.factor(instance)
-        target = old * actual_s / estimated_s
+        target = (factor_then if factor_then is not None and 0 < factor_then < math.inf else old) * actual_s / estimated_s
         new = min(c.max_factor, max(c.min_factor, (1 - alpha) * old + alpha * target))
         self.factors[instance] = new
         self._measured_at[instance] = self._clock()

@@ -66,6 +66,11 @@ class RequestChooser:
         self._slo_s = slo_s
         self.decision: Decision | None = None
 
+    @property
+    def candidates(self) -> Sequence[Candidate]:
+        """The candidates chosen among (widened by a shared store's revise, if it was)."""
+        return self._candidates
+
     def widen(self, instances: Sequence[str]) -> list[str]:
         """A shared store found these instances holding the prompt's first block although
         pruning (on this replica's view) left them out: score them too when revising.
@@ -103,6 +108,7 @@ class Routed:
     decision: Decision
     snapshot: Snapshot
     started: float  # perf_counter when the decision began
+    prefill_rate: float | None = None  # the prefilling candidate's rate when decided (calibration compares with it)
 
 
 def book_store_load(tier: StoreTier, req: RouteRequest, decision: Decision, snap: Snapshot,
@@ -165,4 +171,8 @@ async def decide(
             series.cached_ratio.observe(cached / req.prompt_tokens)
             series.predicted_cached.inc(cached * snap.confidence.get(prefilling, 1.0))
             series.routed_prompt.inc(req.prompt_tokens)
-    return Routed(booking, decision, snap, started)
+    rate = None
+    if decision.estimate_s is not None:  # the estimate was priced at this rate: calibration needs it (CalibrationHook)
+        prefilling = decision.prefill or decision.instance
+        rate = next((c.prefill_tokens_per_s for c in chooser.candidates if c.id == prefilling), None)
+    return Routed(booking, decision, snap, started, rate)

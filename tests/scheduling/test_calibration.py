@@ -37,6 +37,47 @@ def test_a_measurement_behind_a_queue_is_not_the_rates():
     assert queued_share(snap, pd, "a") == 500 / 4000  # the prefill leg's own work, not the decode leg's
 
 
+def test_a_first_byte_corrects_the_factor_its_estimate_was_made_with():
+    config = CalibrationConfig(min_estimate_s=0.0, warmup=8, min_factor=0.01)
+    cal, naive = Calibrator(config), Calibrator(config)
+    for c in (cal, naive):
+        assert c.observe("a", 1.0, 0.25, factor_then=1.0) == 0.25  # the engine is 4x faster than declared
+    # three more first bytes of the same burst, priced before that correction at factor 1.0
+    for _ in range(3):
+        cal.observe("a", 1.0, 0.25, factor_then=1.0)
+        naive.observe("a", 1.0, 0.25)  # taken against the factor now: corrected 4x again, each time
+    assert abs(cal.factor("a") - 0.25) < 1e-9
+    assert naive.factor("a") < 0.1
+    # a measurement priced at the corrected factor moves it by its own ratio only
+    assert abs(cal.observe("a", 0.5, 1.0, factor_then=0.25) - (4 * 0.25 + 0.5) / 5) < 1e-9
+
+
+def test_the_calibration_hook_takes_the_rate_a_decision_was_priced_at():
+    hook, pool = _hook("instance", [{"url": "http://a:1", "name": "a", "prefill_tokens_per_s": 10000}])
+    # a burst decided at the declared rate; its first bytes come back a quarter of the estimate
+    for _ in range(4):
+        _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=0.25, rate=10000.0)
+    assert abs(pool.get("a").factor - 0.25) < 1e-9
+    assert abs(pool.get("a").candidate.prefill_tokens_per_s - 40000.0) < 1e-6
+    # one decided after the correction, at 40000 tokens/s, and measured at its estimate: no change
+    _first_byte(hook, pool, "a", estimate_s=0.5, actual_s=0.5, rate=40000.0)
+    assert abs(pool.get("a").factor - 0.25) < 1e-9
+
+
+def test_the_replay_calibration_takes_the_rate_a_decision_was_priced_at():
+    from router.core.instances import Candidate
+    from router.tools.replay.calibrate import ReplayCalibration
+
+    candidates = [Candidate("a")]
+    cal = ReplayCalibration(candidates, "m", 8000.0, lambda: 0.0,
+                            CalibrationConfig(min_estimate_s=0.0, min_factor=0.01, warmup=8))
+    for _ in range(4):  # priced before any calibration: at the default rate (the candidate declared none)
+        cal.observe("a", 1.0, 0.25, rate_then=None)
+    assert abs(candidates[0].prefill_tokens_per_s - 32000.0) < 1e-6
+    cal.observe("a", 0.5, 0.5, rate_then=32000.0)
+    assert abs(candidates[0].prefill_tokens_per_s - 32000.0) < 1e-6
+
+
 def test_disabled_calibration_changes_nothing():
     cal = Calibrator(CalibrationConfig(enabled=False))
     assert cal.observe("a", 1.0, 3.0) is None and cal.factor("a") == 1.0
@@ -138,7 +179,7 @@ def _hook(scope: str, instances: list[dict[str, object]]) -> tuple[object, Insta
 
 
 def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: float, actual_s: float,
-                ahead: int = 0, work: int | None = None) -> None:
+                ahead: int = 0, work: int | None = None, rate: float | None = None) -> None:
     import asyncio
 
     from router.request.lifecycle import Attempt
@@ -148,7 +189,7 @@ def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: flo
 
     decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s, prefill_work=work)
     loads = {instance: Load(1, ahead)} if ahead else {}
-    routed = Routed(Booking.single("r", instance, work or 0, 0), decision, Snapshot({}, loads), 0.0)
+    routed = Routed(Booking.single("r", instance, work or 0, 0), decision, Snapshot({}, loads), 0.0, rate)
     attempt = Attempt("r", routed, pool.get(instance), streaming=True, first_byte_s=actual_s)
     asyncio.run(hook.first_byte(attempt))  # type: ignore[attr-defined]
 

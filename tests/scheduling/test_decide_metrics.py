@@ -27,3 +27,14 @@ def test_predicted_cached_and_routed_prompt_tokens_are_counted_per_engine():
     asyncio.run(decide(store, policy, req, [Candidate("a")], metrics))
     assert _value(metrics, "pd_router_routed_prompt_tokens_total", "a") == 640
     assert _value(metrics, "pd_router_predicted_cached_tokens_total", "a") == 6 * 64  # confidence 1: a fresh entry
+
+
+def test_a_decision_carries_the_rate_its_estimate_was_priced_at():
+    store = MemoryStore({"a": 1000, "b": 1000}, clock=lambda: 0.0)
+    candidates = [Candidate("a", prefill_tokens_per_s=4000.0), Candidate("b", prefill_tokens_per_s=9000.0)]
+    policy = build_policy(PolicyConfig(name="ttft"), rng=random.Random(0))
+    routed = asyncio.run(decide(store, policy, RouteRequest("r", tuple(range(4)), 256, 8, 64), candidates))
+    assert routed.decision.estimate_s is not None
+    assert routed.prefill_rate == {"a": 4000.0, "b": 9000.0}[routed.decision.instance]  # what calibration compares with
+    unpriced = build_policy(PolicyConfig(name="round_robin"), rng=random.Random(0))
+    assert asyncio.run(decide(store, unpriced, RouteRequest("s", (), 8, 8, 64), candidates)).prefill_rate is None

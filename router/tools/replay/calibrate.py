@@ -28,14 +28,18 @@ class ReplayCalibration:
         self._base = {c.id: c.prefill_tokens_per_s or default_rate for c in candidates}
         self._key = {c.id: calibration_key(self.calibrator.scope, c.id, model, c.prefill_tokens_per_s) for c in candidates}
 
-    def observe(self, instance: str, estimate_s: float | None, actual_s: float, queued: float = 0.0) -> None:
-        """One first token (``queued``: its ``queued_share``): as CalibrationHook._calibrate,
-        then the rates of every instance whose factor moved (its group's, and any stale one
-        relaxing toward 1.0)."""
+    def observe(self, instance: str, estimate_s: float | None, actual_s: float, queued: float = 0.0,
+                rate_then: float | None = None) -> None:
+        """One first token (``queued``: its ``queued_share``; ``rate_then``: the instance's rate
+        its estimate was priced at, ``Routed.prefill_rate``): as CalibrationHook._calibrate, then
+        the rates of every instance whose factor moved (its group's, and any stale one relaxing
+        toward 1.0)."""
         if not estimate_s:
             return
         key = self._key[instance]
-        factor = self.calibrator.observe(key, estimate_s, actual_s, queued=queued)
+        # a candidate without a rate of its own was priced at the default: never calibrated yet
+        factor_then = self._base[instance] / rate_then if rate_then else 1.0
+        factor = self.calibrator.observe(key, estimate_s, actual_s, queued=queued, factor_then=factor_then)
         changed = self.calibrator.relax()
         if factor is not None:
             changed[key] = factor

@@ -290,7 +290,7 @@ class Simulation:
                 arrived = self.trace.requests[flight.index].arrival_s
                 routed = flight.routed
                 self.calibration.observe(node.id, routed.decision.estimate_s, self.now - arrived,
-                                         queued_share(routed.snapshot, routed.booking, node.id))
+                                         queued_share(routed.snapshot, routed.booking, node.id), routed.prefill_rate)
         self.record.first_token[flight.index] = self.now
         run_sync(self.store.prefill_done(flight.routed.booking))
 

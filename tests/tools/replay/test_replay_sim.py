@@ -245,8 +245,11 @@ def test_a_router_told_nothing_learns_cache_sizes_and_calibrates_its_default_rat
 
 def test_a_router_told_the_true_rate_keeps_it_when_queues_form():
     # Two engines under a burst of multi-turn traffic: nearly every first byte waits behind
-    # booked prefill. Fitting the rate to those (max_queued_share unbounded, as before) drives
-    # the factor to its bounds although the configured rate is the engines' own.
+    # booked prefill. Fitting the rate to those (max_queued_share unbounded) drove the factor
+    # past 1.5 although the configured rate is the engines' own, while each first byte was
+    # taken against the factor of its arrival rather than the one it was priced with (a loop:
+    # every correction made the in-flight estimates look wrong again). Priced with the factor
+    # of its decision, even the queued first bytes keep it near 1.
     from router.config.model import CalibrationConfig
     from router.tools.replay.calibrate import ReplayCalibration
 
@@ -264,4 +267,4 @@ def test_a_router_told_the_true_rate_keeps_it_when_queues_form():
         sim.run()
         (factors[share],) = sim.calibration.calibrator.factors.values() or (1.0,)
     assert 0.8 <= factors[CalibrationConfig().max_queued_share] <= 1.25
-    assert factors[1e9] > 1.5
+    assert 0.8 <= factors[1e9] <= 1.25
