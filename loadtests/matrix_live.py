@@ -14,6 +14,7 @@ is given only the URLs, as a new user would.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import random
@@ -55,16 +56,30 @@ def pd_router_config(engines: Sequence[Engine], d: Drawn, time_scale: float, see
 
 
 @contextlib.contextmanager
-def start(router: str, engines: Sequence[Engine], d: Drawn, time_scale: float, seed: int) -> Iterator[str]:
+def start(router: str, engines: Sequence[Engine], d: Drawn, time_scale: float, seed: int) -> Iterator[tuple[str, str | None]]:
+    """The router's URL, and the path of its log (pd-router's; None for the peers), alive while the block runs."""
     if router == "pd-router":
         try:
             with router_process(pd_router_config(engines, d, time_scale, seed)) as proc:
-                yield proc.url
+                yield proc.url, proc.log_path
         except RuntimeError as exc:
             raise PeerUnavailable(f"pd-router: {exc}") from None
         return
     with peer_router(router, workers(engines)) as peer:
-        yield peer.url
+        yield peer.url, None
+
+
+def report_errors(router: str, errors: Sequence[str], log_path: str | None) -> None:
+    """What failed, by kind, and (pd-router) the warnings its log holds: a failed request must be explained."""
+    if not errors:
+        return
+    for kind, n in collections.Counter(errors).most_common(5):
+        print(f"    {router} error x{n}: {kind}", flush=True)
+    if log_path is not None:
+        with contextlib.suppress(OSError), open(log_path, encoding="utf-8", errors="replace") as fh:
+            lines = [line.rstrip() for line in fh if "WARNING" in line or "ERROR" in line]
+        for line in lines[-10:]:
+            print(f"    {router} log: {line[:300]}", flush=True)
 
 
 async def _send(client: httpx.AsyncClient, url: str, req: TraceRequest, text: str, at: float,
@@ -75,8 +90,8 @@ async def _send(client: httpx.AsyncClient, url: str, req: TraceRequest, text: st
     try:
         async with client.stream("POST", url + "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
-                errors.append(f"HTTP {resp.status_code}")
-                await resp.aread()
+                body = (await resp.aread())[:200].decode("utf-8", "replace")
+                errors.append(f"HTTP {resp.status_code}: {body}")
                 return
             first = None
             async for line in resp.aiter_lines():
@@ -87,7 +102,7 @@ async def _send(client: httpx.AsyncClient, url: str, req: TraceRequest, text: st
             else:
                 ttfts.append(first)
     except httpx.HTTPError as exc:
-        errors.append(type(exc).__name__)
+        errors.append(f"{type(exc).__name__}: {exc}"[:200])
 
 
 async def drive(url: str, reqs: Sequence[TraceRequest], texts: Sequence[str], time_scale: float) -> tuple[list[float], list[str]]:
@@ -115,11 +130,12 @@ def live_cell(d: Drawn, routers: Sequence[str], seconds: float, wall_rate: float
         for router in routers:
             reset_engines(engines)
             try:
-                with start(router, engines, d, time_scale, seed) as url:
+                with start(router, engines, d, time_scale, seed) as (url, log_path):
                     before = engine_stats(engines)
                     ttfts, errors = asyncio.run(drive(url, reqs, texts, time_scale))
                     time.sleep(0.5)
                     after = engine_stats(engines)
+                    report_errors(router, errors, log_path)
             except PeerUnavailable as exc:
                 rows.append([d.cell.name, router, 0, "did not start", "—", "—", str(exc).splitlines()[0][:80]])
                 continue
