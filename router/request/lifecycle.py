@@ -174,10 +174,12 @@ class AttemptObserver:
     async def first_byte(self) -> None:
         await self._lifecycle.first_byte(self._attempt)
 
-    async def end(self, outcome: Outcome, tail: bytes = b"") -> None:
+    async def end(self, outcome: Outcome, tail: tuple[bytes, ...] = ()) -> None:
+        """``tail``: the last chunks relayed, joined only when they are read (a prompt whose
+        token count was estimated, answered in full)."""
         attempt = self._attempt
         if tail and outcome == "ok" and attempt.estimated_prompt_tokens is not None:
-            attempt.reported_prompt_tokens = reported_prompt_tokens(tail)
+            attempt.reported_prompt_tokens = reported_prompt_tokens(b"".join(tail))
         await self._lifecycle.end(attempt, outcome)
 
 

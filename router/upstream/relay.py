@@ -45,7 +45,7 @@ class RelayObserver(Protocol):
 
     async def first_byte(self) -> None: ...
 
-    async def end(self, outcome: Outcome, tail: bytes = b"") -> None: ...
+    async def end(self, outcome: Outcome, tail: tuple[bytes, ...] = ()) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -188,10 +188,11 @@ class RelayResponse(Response):
                 raise
         finally:
             stop()
-            await shielded(self._close(self._upstream, self._observer, outcome, b"".join(self._tail)))
+            await shielded(self._close(self._upstream, self._observer, outcome, self._tail))
 
     @staticmethod
-    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome, tail: bytes = b"") -> None:
+    async def _close(upstream: httpx.Response, observer: RelayObserver, outcome: Outcome,
+                     tail: tuple[bytes, ...] = ()) -> None:
         await upstream.aclose()
         await observer.end(outcome, tail)
 
