@@ -38,6 +38,29 @@ class EngineCalibrationConfig(BaseModel):
         return self
 
 
+class DecodeStepConfig(BaseModel):
+    """Each engine's decode step measured from its own inter-token latency (router/engines/decode_step.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="price the wait for KV room on each engine with its own measured "
+                          "inter-token latency instead of policy.ttft.decode_step_s (+ decode_interference_s per request)")
+    min_tokens: int = Field(default=32, ge=1, description="generated tokens an engine window must hold before it is measured")
+    min_window_s: float = Field(default=2.0, gt=0, description="a window spans at least this many seconds")
+    max_window_s: float = Field(default=60.0, gt=0, description="a window that has not filled for this long is dropped")
+    alpha: float = Field(default=0.5, gt=0, le=1, description="weight of a new window in the belief (1: the last window alone)")
+    min_step_s: float = Field(default=1.0e-4, gt=0, description="measured steps below this are refused as implausible")
+    max_step_s: float = Field(default=10.0, gt=0, description="measured steps above this are refused as implausible")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "DecodeStepConfig":
+        if self.min_step_s >= self.max_step_s:
+            raise ValueError("min_step_s must be below max_step_s")
+        if self.min_window_s >= self.max_window_s:
+            raise ValueError("min_window_s must be below max_window_s")
+        return self
+
+
 class EnginesConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -64,6 +87,10 @@ class EnginesConfig(BaseModel):
     calibration: EngineCalibrationConfig = Field(
         default_factory=EngineCalibrationConfig,
         description="prefill rates measured from the engines' own metrics, folded into the online calibration",
+    )
+    decode_step: DecodeStepConfig = Field(
+        default_factory=DecodeStepConfig,
+        description="each engine's decode step measured from its own inter-token latency histogram",
     )
 
     @model_validator(mode="after")

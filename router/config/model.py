@@ -91,7 +91,8 @@ class TTFTWeights(_Strict):
                                       "max_num_batched_tokens, SGLang chunked_prefill_size): a queued request's last chunk "
                                       "shares its step with the work behind it, and with kv_store a prefill is priced "
                                       "the delay it causes to loads landing where it computes; 0 = not modelled")
-    decode_step_s: float = Field(default=0.008, ge=0, description="time of one decode step: how fast running requests free KV room for a queued one")
+    decode_step_s: float = Field(default=0.008, ge=0, description="time of one decode step: how fast running requests free KV room for a queued one "
+                                 "(until the engine's own is measured: engines.decode_step)")
     tie_tolerance: float = Field(default=0.05, ge=0, lt=1, description="estimates within this fraction of the best are a tie, broken randomly")
     bounded_load_factor: float = Field(default=2.0, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
     bounded_load_slack: int = Field(default=8, ge=0, description="in-flight requests always allowed above the mean before the bound applies")

@@ -41,6 +41,9 @@ class Candidate:
     zone: str | None = None
     kv_bytes_per_token: int | None = None
     standalone: bool = True  # can serve a request without a remote prefill (SGLang decode workers cannot)
+    # the engine's own measured inter-token latency (router/engines/decode_step.py); None = the
+    # policy's configured step
+    decode_step_s: float | None = None
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Instance:
     # engine tokens per router-estimated token (router/engines/token_ratio.py): the candidate's
     # cache_tokens is the engine's capacity over this, in the router's estimated tokens
     token_ratio: float = 1.0
+    decode_step_s: float | None = None  # measured from the engine's inter-token latency (router/engines/decode_step.py)
     declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
     outlier: Outlier = field(default_factory=Outlier)  # passive record; ``healthy`` is the active checks' verdict
     # called once when the active checks take it out: attempts still waiting on it give up then
@@ -87,7 +91,8 @@ class Change:
         return bool(self.added or self.removed or self.updated)
 
 
-def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, token_ratio: float = 1.0) -> Candidate:
+def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, token_ratio: float = 1.0,
+               decode_step_s: float | None = None) -> Candidate:
     return Candidate(
         id=ic.id,
         cache_tokens=router_tokens(ic.cache_tokens, token_ratio),
@@ -100,6 +105,7 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, tok
         # A vLLM decode instance prefills whatever KV it was not handed; an SGLang decode
         # worker only serves requests paired with a prefill through a bootstrap room.
         standalone=ic.role == "mixed" or (ic.role == "decode" and ic.flavor == "vllm"),
+        decode_step_s=decode_step_s,
     )
 
 
@@ -123,7 +129,7 @@ class InstancePool:
         self._health = config.health
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
         for inst in self._instances.values():
-            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor, inst.token_ratio)
+            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step_s)
         self.version += 1
 
     # -- membership ----------------------------------------------------------------------
@@ -147,7 +153,7 @@ class InstancePool:
                 change.removed.append(self._remove(inst.id))
             elif new != (inst.declared or inst.config):  # facts the engine reported are not a change
                 inst.config, inst.declared = new, None  # the same engine (same URL): its token ratio holds
-                inst.candidate = _candidate(new, self._default_rate, inst.factor, inst.token_ratio)
+                inst.candidate = _candidate(new, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step_s)
                 change.updated.append(inst)
         for instance_id, ic in wanted.items():
             if instance_id not in self._instances:
@@ -194,7 +200,7 @@ class InstancePool:
         inst = self._lookup(instance_id)
         if inst is not None:
             inst.factor = factor
-            inst.candidate = _candidate(inst.config, self._default_rate, factor, inst.token_ratio)
+            inst.candidate = _candidate(inst.config, self._default_rate, factor, inst.token_ratio, inst.decode_step_s)
 
     def apply_facts(self, instance_id: str, config: InstanceConfig) -> None:
         """From now on use ``config``: the configured one with engine-reported facts filled
@@ -214,6 +220,16 @@ class InstancePool:
             return None
         inst.token_ratio = ratio
         inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=router_tokens(inst.config.cache_tokens, ratio))
+        return inst
+
+    def set_decode_step(self, instance_id: str, step_s: float | None) -> Instance | None:
+        """From now on price waits for KV room on this instance with ``step_s`` per decode step
+        (None: the policy's configured step). None when it left the pool."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return None
+        inst.decode_step_s = step_s
+        inst.candidate = dataclasses.replace(inst.candidate, decode_step_s=step_s)
         return inst
 
     def compat_report(self) -> dict[str, str]:

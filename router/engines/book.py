@@ -33,6 +33,7 @@ class EngineEntry:
     hit_tokens_seen: float = 0.0
     queried_tokens_seen: float = 0.0
     prefill: PrefillSample | None = None  # the engine's own last measured prefill window
+    decode_step_s: float | None = None  # the believed decode step, from its inter-token latency (decode_step.py)
 
     @property
     def hit_ratio(self) -> float | None:
@@ -129,6 +130,7 @@ class EngineBook:
             "prefix_cache_hit_ratio": entry.hit_ratio,
             "prefill": ({**asdict(entry.prefill), "tokens_per_s": entry.prefill.tokens_per_s}
                         if entry.prefill is not None else None),
+            "decode_step_s": entry.decode_step_s,
             "scrape_errors": entry.scrape_errors,
             "facts_errors": entry.facts_errors,
         }

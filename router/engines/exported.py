@@ -44,6 +44,10 @@ class EngineCollector(Collector):
                                     "The engine's own prefill rate: KV tokens computed per second of prefill, from its "
                                     "histograms over the last measured window (router/engines/prefill_rate.py)",
                                     labels=["engine"])
+        decode_step = GaugeMetricFamily("pd_router_engine_decode_step_seconds",
+                                        "The engine's decode step as the router prices waits for KV room: its own mean "
+                                        "inter-token latency, smoothed over windows (router/engines/decode_step.py)",
+                                        labels=["engine"])
         errors = CounterMetricFamily("pd_router_engine_scrape_errors", "Failed reads of an engine's /metrics",
                                      labels=["engine"])
         for instance, entry in self._book.items():
@@ -52,6 +56,8 @@ class EngineCollector(Collector):
                 hit_ratio.add_metric([instance], entry.hit_ratio)
             if entry.prefill is not None:
                 prefill.add_metric([instance], entry.prefill.tokens_per_s)
+            if entry.decode_step_s is not None:
+                decode_step.add_metric([instance], entry.decode_step_s)
             if entry.facts.capacity_tokens is not None:
                 capacity.add_metric([instance], entry.facts.capacity_tokens)
             r = entry.reading
@@ -71,4 +77,4 @@ class EngineCollector(Collector):
             for kind, value in (("requests", ext.requests), ("prefill_tokens", ext.prefill_tokens),
                                 ("kv_tokens", ext.kv_tokens)):
                 external.add_metric([instance, kind], value)
-        yield from (reported, usage, external, queried, hits, hit_ratio, capacity, prefill, errors)
+        yield from (reported, usage, external, queried, hits, hit_ratio, capacity, prefill, decode_step, errors)

@@ -24,6 +24,7 @@ from router.config.engines import EnginesConfig
 from router.config.model import InstanceConfig, RouterConfig
 from router.core.instances import Instance, InstancePool
 from router.engines.book import EngineBook
+from router.engines.decode_step import DecodeStepMeter
 from router.engines.external import external_load
 from router.engines.facts import EngineFacts, effective_config, parse_models, parse_server_info
 from router.engines.prefill_rate import PrefillMeter, PrefillSample
@@ -51,6 +52,7 @@ class EnginePoller:
         self._applied: dict[str, InstanceConfig] = {}  # ... and as last handed to the pool
         self._logged: set[tuple[str, str, str]] = set()
         self.meter = PrefillMeter(self._engines.calibration)
+        self.decode = DecodeStepMeter(self._engines.decode_step)
         # where measured prefill windows go (the calibration, which decides what it learns from);
         # set by whoever owns the calibrator
         self.on_prefill: Callable[[str, PrefillSample], None] | None = None
@@ -125,6 +127,10 @@ class EnginePoller:
                 self.book.record_prefill(inst.id, sample)
                 if self.on_prefill is not None:
                     self.on_prefill(inst.id, sample)
+        if self._engines.decode_step.enabled:
+            step = self.decode.update(inst.id, reading)
+            if step is not None and self._pool.set_decode_step(inst.id, step) is not None:
+                self.book.entry(inst.id).decode_step_s = step
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)
         if updated != facts:
@@ -194,6 +200,7 @@ class EnginePoller:
         ids = {i.id for i in instances}
         self.book.retain(ids)
         self.meter.retain(ids)
+        self.decode.retain(ids)
         for known in (self._written, self._applied):
             for gone in [i for i in known if i not in ids]:
                 del known[gone]

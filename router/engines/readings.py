@@ -42,7 +42,13 @@ _COMPUTED = ("vllm:request_prefill_kv_computed_tokens_sum",)
 _TTFT_S = ("vllm:time_to_first_token_seconds_sum", "sglang:time_to_first_token_seconds_sum")
 _TTFT_N = ("vllm:time_to_first_token_seconds_count", "sglang:time_to_first_token_seconds_count")
 _QUEUE_S = ("vllm:request_queue_time_seconds_sum", "sglang:queue_time_seconds_sum")
-_TIMING = _PREFILL_S + _PREFILL_N + _COMPUTED + _TTFT_S + _TTFT_N + _QUEUE_S
+# Inter-token latency, observed per generated token after the first (vLLM >= 0.11 and newer
+# SGLang name it ``inter_token_latency``; the older ``time_per_output_token`` is the same series).
+_ITL_S = ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum",
+          "sglang:inter_token_latency_seconds_sum", "sglang:time_per_output_token_seconds_sum")
+_ITL_N = ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
+          "sglang:inter_token_latency_seconds_count", "sglang:time_per_output_token_seconds_count")
+_TIMING = _PREFILL_S + _PREFILL_N + _COMPUTED + _TTFT_S + _TTFT_N + _QUEUE_S + _ITL_S + _ITL_N
 _WANTED = (_RUNNING + _WAITING + _USAGE + _QUERIES + _HITS + _PROMPT + _FINISHED + _CACHE_INFO + _SGLANG_CAPACITY
            + _TIMING)
 _NAMES = frozenset(_WANTED)
@@ -70,6 +76,8 @@ class EngineReading:
     ttft_s: float | None = None  # the engine's own time to first token, summed
     ttft_requests: float | None = None
     queue_s: float | None = None  # time waiting to be scheduled, summed
+    itl_s: float | None = None  # seconds between a request's consecutive tokens, summed over tokens
+    itl_tokens: float | None = None  # generated tokens (after each request's first) those seconds cover
 
     @property
     def requests(self) -> float | None:
@@ -143,10 +151,21 @@ def _geometry(series: Mapping[str, Series]) -> tuple[int | None, int | None, str
     return block, capacity, dtype
 
 
+def _pair(series: Mapping[str, Series], sums: tuple[str, ...], counts: tuple[str, ...]) -> tuple[float | None, float | None]:
+    """A histogram's sum and count from the first name present in both (never a sum of one
+    name with the count of another: an engine exporting both the old and the new name would
+    pair two series that started counting at different times)."""
+    for s_name, n_name in zip(sums, counts):
+        if s_name in series and n_name in series:
+            return sum(v for _, v in series[s_name]), sum(v for _, v in series[n_name])
+    return None, None
+
+
 def parse_metrics(text: str) -> EngineReading:
     """An EngineReading from a /metrics body; ValueError when it is not Prometheus text."""
     series = samples(text)
     block, capacity, dtype = _geometry(series)
+    itl_s, itl_tokens = _pair(series, _ITL_S, _ITL_N)
     return EngineReading(
         running=_sum(series, _RUNNING),
         waiting=_sum(series, _WAITING),
@@ -164,4 +183,6 @@ def parse_metrics(text: str) -> EngineReading:
         ttft_s=_sum(series, _TTFT_S),
         ttft_requests=_sum(series, _TTFT_N),
         queue_s=_sum(series, _QUEUE_S),
+        itl_s=itl_s,
+        itl_tokens=itl_tokens,
     )

@@ -56,7 +56,8 @@ async def explain(svc: RouterService, request: Request) -> dict[str, Any]:
         **explain_decision(decision),
         "candidates": [
             {"id": c.id, "role": c.role, "matched_blocks": snap.matched.get(c.id, 0),
-             "prefill_tokens_per_s": c.prefill_tokens_per_s, "load": dataclasses.asdict(snap.loads[c.id])}
+             "prefill_tokens_per_s": c.prefill_tokens_per_s, "decode_step_s": c.decode_step_s,
+             "load": dataclasses.asdict(snap.loads[c.id])}
             for c in candidates
         ],
     }

@@ -117,9 +117,13 @@ def shared_step_tokens(ahead: float, uncached: float, chunk: int) -> float:
     return room if room < ahead else ahead
 
 def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, max_tokens: int,
-                   weights: TTFTWeights) -> float:
+                   weights: TTFTWeights, step_s: float | None = None) -> float:
     """Seconds until ``need`` KV tokens fit next to the ``kv_tokens`` booked by ``requests``
     running ones in a cache of ``capacity`` (0 when they fit now or nothing can free room).
+
+    ``step_s``: the engine's own measured inter-token latency (``Candidate.decode_step_s``),
+    which already holds its batch's interference; else the configured step plus
+    ``decode_interference_s`` per running request.
 
     An engine frees KV a request at a time, not continuously: the deficit is room once
     m = ceil(deficit / (kv / requests)) of the k running requests have ended (at most all k).
@@ -133,7 +137,8 @@ def admission_wait(kv_tokens: int, requests: int, need: float, capacity: int, ma
     k = requests if requests > 0 else 1
     m = min(k, math.ceil(deficit * k / kv_tokens))
     steps = max(1.0, float(max_tokens))
-    return m / (k + 1) * steps * (weights.decode_step_s + weights.decode_interference_s * requests)
+    step = step_s if step_s is not None else weights.decode_step_s + weights.decode_interference_s * requests
+    return m / (k + 1) * steps * step
 
 
 def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: float = 1.0) -> TTFTTerms:
@@ -162,6 +167,6 @@ def colocated_ttft(req: RouteRequest, view: View, weights: TTFTWeights, slow: fl
         interference_s=weights.decode_interference_s * load.requests,
         uncached_tokens=round(uncached),
         admission_s=admission_wait(load.kv_tokens, load.requests, uncached + req.max_tokens,
-                                   view.candidate.cache_tokens, req.max_tokens, weights),
+                                   view.candidate.cache_tokens, req.max_tokens, weights, view.candidate.decode_step_s),
         delays_s=delays,
     )

@@ -156,8 +156,10 @@ class TTFTScorer:
                 if deficit > 0:
                     k = load.requests if load.requests > 0 else 1
                     ending = ceil(deficit * k / kv)
-                    est += ((ending if ending < k else k) / (k + 1) * steps
-                            * (w.decode_step_s + interference * load.requests))
+                    step = cand.decode_step_s
+                    if step is None:
+                        step = w.decode_step_s + interference * load.requests
+                    est += (ending if ending < k else k) / (k + 1) * steps * step
             out.append(est)
         return out
 

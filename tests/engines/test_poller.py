@@ -206,3 +206,22 @@ def test_an_engine_restart_does_not_count_as_negative_hits() -> None:
     entry.count_hits(restarted, EngineReading(queried_tokens=300, hit_tokens=200))
     assert (entry.hit_tokens_seen, entry.queried_tokens_seen) == (1000, 1200)
     assert entry.hit_ratio == 1000 / 1200
+
+
+async def test_an_engines_inter_token_latency_becomes_its_decode_step(emulators, rig_for) -> None:
+    emu = emulate(emulators, time_scale=1.0)
+    other = emulate(emulators, time_scale=1.0)
+    rig = rig_for([{"url": emu.url, "name": "e"}, {"url": other.url, "name": "o"}],
+                  engines={"decode_step": {"min_window_s": 0.01, "min_tokens": 8}})
+    await rig.poller.start()
+    assert rig.pool.get("e").candidate.decode_step_s is None  # nothing measured yet: the configured step
+    await asyncio.gather(*(asyncio.to_thread(t.join) for t in post_in_background(emu.url, 2, 40)))
+    await rig.poller.poll_all()
+    step = rig.pool.get("e").candidate.decode_step_s
+    assert step is not None and rig.book.entry("e").decode_step_s == step
+    reading = rig.book.entry("e").reading  # what the poller read
+    assert reading is not None and reading.itl_s is not None and reading.itl_tokens
+    assert step == pytest.approx(reading.itl_s / reading.itl_tokens)  # one window: its mean
+    assert rig.pool.get("o").candidate.decode_step_s is None  # generated nothing: never measured
+    rig.pool.calibrate("e", 2.0)  # a rebuilt candidate keeps it
+    assert rig.pool.get("e").candidate.decode_step_s == step

@@ -123,3 +123,25 @@ sglang:queue_time_seconds_count{model_name="m"} 3.0
     r = parse_metrics(text)
     assert (r.ttft_s, r.ttft_requests, r.queue_s) == (1.5, 3.0, 0.25)
     assert r.prefill_s is None and r.computed_tokens is None
+
+
+def test_inter_token_latency_of_real_vllm_032() -> None:
+    r = parse_metrics(REAL)
+    assert r.itl_tokens == 2738 == 2758 - 20  # every generated token but each request's first
+    assert r.itl_s is not None and 0 < r.itl_s / r.itl_tokens < 0.1
+
+
+def test_inter_token_latency_takes_one_names_sum_and_count_together() -> None:
+    text = """\
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 9.0
+vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 2.0
+sglang:time_per_output_token_seconds_sum{model_name="m"} 1.0
+sglang:time_per_output_token_seconds_count{model_name="m"} 50.0
+"""
+    r = parse_metrics(text)
+    # the new vLLM name has no count here: its sum is not paired with the old name's count
+    assert (r.itl_s, r.itl_tokens) == (9.0, 90.0)
+    assert (parse_metrics(text.replace("vllm:time_per", "x:y")).itl_s,
+            parse_metrics(text.replace("vllm:time_per", "x:y")).itl_tokens) == (1.0, 50.0)
+    assert parse_metrics("vllm:num_requests_running 1\n").itl_s is None

@@ -20,7 +20,7 @@ from router.config.model import load_config
 from router.gateway.app import create_app
 from router.tools.emulator.config import EmulatorConfig
 from router.tools.emulator.launch import EmulatorHandle, start_in_thread
-from router.tools.emulator.perf import get_profile
+from router.tools.emulator.perf import decode_step_time, get_profile
 from router.tools.localrun import profile_timing
 from servers import serve_app
 
@@ -131,3 +131,26 @@ def test_a_stale_factor_that_kept_an_instance_away_is_remeasured_from_the_engine
         for t in burst:
             t.join(timeout=60)
         assert generations(slow) > before  # e1 gets its share again
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_the_engines_decode_step_is_learned_from_its_inter_token_latency(flavor: str) -> None:
+    """Tokens generated on the engine (not through the router) set the step the router prices
+    waits for KV room with; a router told not to read it keeps the configured one."""
+    step = decode_step_time(get_profile(EMU.profile), 1, 600) * SCALE  # one request decoding alone
+    for enabled in (True, False):
+        engines = {"metrics_interval_s": 0.1, "decode_step": {"enabled": enabled, "min_window_s": 0.2}}
+        with routed(EMU.replace(flavor=flavor), rate=TRUE_RATE, engines=engines) as (url, (emu,)):
+            assert instance(url, "e0")["decode_step_s"] is None
+            r = httpx.post(f"{emu.url}/v1/completions", timeout=30, json={"model": "m", "prompt": "w " * 500,
+                                                                          "max_tokens": 80})
+            assert r.status_code == 200, r.text
+            deadline = time.monotonic() + (10 if enabled else 1)
+            while (learned := instance(url, "e0")["decode_step_s"]) is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            metrics = httpx.get(f"{url}/metrics").text
+        if enabled:
+            assert learned == pytest.approx(step, rel=0.15), (learned, step)
+            assert 'pd_router_engine_decode_step_seconds{engine="e0"}' in metrics
+        else:
+            assert learned is None and "pd_router_engine_decode_step_seconds{" not in metrics

@@ -132,6 +132,38 @@ def test_engine_metrics_parse_and_traffic_bypassing_the_router_is_seen(router: s
     assert rate > 0
 
 
+def test_the_decode_step_is_the_engines_own_inter_token_latency(router: str, engines: list[VllmEngine],
+                                                                client: httpx.Client) -> None:
+    """Tokens generated on an engine (straight to it, as another router's traffic would be)
+    become the decode step the router prices waits for KV room with: the engine's own mean
+    inter-token latency (``vllm:inter_token_latency_seconds``), not the configured 8 ms."""
+    engine = engines[0]
+
+    def itl() -> tuple[float, float]:
+        return (total(client, engine, "vllm:inter_token_latency_seconds_sum"),
+                total(client, engine, "vllm:inter_token_latency_seconds_count"))
+
+    before = itl()
+    deadline = time.monotonic() + 60
+    step = None
+    while step is None:
+        for i in range(2):
+            r = client.post(f"{engine.url}/v1/completions", json={
+                "model": "tiny", "prompt": f"decode step {i} {time.monotonic()}", "max_tokens": 48, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+        step = router_sample(client, router, "pd_router_engine_decode_step_seconds", engine="vllm0")
+        assert step is not None or time.monotonic() < deadline, "no decode step learned from the engine"
+    after = itl()
+    seen = (after[0] - before[0]) / (after[1] - before[1])  # the engine's own mean over this test's tokens
+    # an EWMA over the windows the router scraped, earlier tests' tokens among them; a CPU
+    # engine's steps move with the host's load, hence the wide band (the default is 8 ms, ~6x
+    # the tiny model's step here)
+    assert seen / 3 <= step <= 3 * seen, (step, seen)
+    doc = client.get(f"{router}/debug/instances", headers=AUTH).json()["instances"]
+    priced = next(d for d in doc if d["id"] == "vllm0")["decode_step_s"]
+    assert priced is not None and seen / 3 <= priced <= 3 * seen, (priced, seen)
+
+
 PREFIX = ("Tenant 3 system prompt. You answer questions about invoices, orders and contracts for the "
           "customer support desk; cite the policy and the account. ") * 45
 

@@ -73,3 +73,18 @@ def test_a_colocated_request_pins_its_blocks_and_books_its_tail_and_output():
     assert bare.legs[0].kv_tokens == 150 and bare.legs[0].block_tokens == 0  # no keys: nothing to share
     pd = booking_for(req, Decision("d", frozenset({"d<-p"}), "score", prefill="p", mode="disaggregated"), snap)
     assert pd.legs[0].kv_tokens == 2150 and pd.legs[0].block_tokens == 0  # a decode instance receives the whole prompt
+
+
+def test_an_engines_measured_step_prices_the_wait_whole():
+    # its measured inter-token latency already holds the interference of its batch: the
+    # configured per-request interference is not added on top
+    w = TTFTWeights(decode_step_s=0.01, decode_interference_s=0.002)
+    assert admission_wait(4000, 4, 1, 4000, 100, w) == pytest.approx(1 / 5 * 100 * (0.01 + 4 * 0.002))
+    assert admission_wait(4000, 4, 1, 4000, 100, w, step_s=0.03) == pytest.approx(1 / 5 * 100 * 0.03)
+    measured, configured = Candidate("m", cache_tokens=8000, decode_step_s=0.03), Candidate("c", cache_tokens=8000)
+    snap = Snapshot({}, {"m": Load(requests=3, kv_tokens=7000), "c": Load(requests=3, kv_tokens=7000)})
+    views = build_views([measured, configured], snap)
+    terms = [colocated_ttft(_req(), v, w) for v in views]
+    assert terms[0].admission_s == pytest.approx(1 / 4 * 100 * 0.03)
+    assert terms[1].admission_s == pytest.approx(1 / 4 * 100 * (0.01 + 3 * 0.002))
+    assert TTFTScorer(w).estimates(_req(), views) == [t.total_s for t in terms]

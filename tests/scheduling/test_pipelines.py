@@ -120,7 +120,7 @@ def test_load_blind_pickers_make_a_policy_not_revisable():
 
 def _priced_cases(seed, n):
     """(weights, request, candidates, snapshot): prefill-only and mixed engines, declared and
-    default rates, queues with a head under way, chunked prefill or not, matches deeper than
+    default rates, measured decode steps or the configured one, queues with a head under way, chunked prefill or not, matches deeper than
     the prompt, confidences below 1, caches some of which must wait for KV room."""
     rng = random.Random(seed)
     for _ in range(n):
@@ -128,7 +128,8 @@ def _priced_cases(seed, n):
                               decode_interference_s=0.004, decode_step_s=0.02,
                               prefill_chunk_tokens=rng.choice([0, 512, 2048]))
         cands = [Candidate(f"i{i}", prefill_tokens_per_s=rng.choice([None, 3000.0, 12_345.0]),
-                           cache_tokens=rng.choice([500_000, 40_000, 4_000]), role=rng.choice(["mixed", "prefill"]))
+                           cache_tokens=rng.choice([500_000, 40_000, 4_000]), role=rng.choice(["mixed", "prefill"]),
+                           decode_step_s=rng.choice([None, 0.0123]))
                  for i in range(4)]
         blocks = rng.randrange(0, 300)
         r = RouteRequest("r", tuple(range(blocks)), blocks * 64 + rng.randrange(-63, 64) if blocks else rng.randrange(50),

@@ -83,6 +83,9 @@ class EngineCounters:
     generated_tokens: int = 0
     steps: int = 0
     busy_time: float = 0.0
+    # inter-token latency: a decode step's duration once per sequence it advanced (model seconds)
+    itl_tokens: int = 0
+    itl_seconds: float = 0.0
 
 
 class Engine:
@@ -250,6 +253,9 @@ class Engine:
         if shape.prefill_tokens or shape.decode_seqs:
             counters.steps += 1
             counters.busy_time += duration
+        if shape.decode_seqs:
+            counters.itl_tokens += shape.decode_seqs
+            counters.itl_seconds += duration * shape.decode_seqs
         counters.prefill_computed_tokens += shape.prefill_tokens
         return StepOutput(duration=duration, events=events, finished=finished, shape=shape, loads=loads)
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     InfoMetricFamily,
 )
 from prometheus_client.metrics_core import Metric
@@ -40,17 +41,32 @@ class _EngineCollector(Collector):
     """Reads gauges and counters straight from the engine at scrape time."""
 
     def __init__(self, flavor: str, model: str, engine: Engine,
-                 cache_labels: dict[str, str]) -> None:
+                 cache_labels: dict[str, str], time_scale: float = 1.0) -> None:
         self._flavor = flavor
         self._model = model
         self._engine = engine
         self._cache_labels = cache_labels
+        self._time_scale = time_scale
 
     def collect(self) -> Iterator[Metric]:
         if self._flavor == "vllm":
             yield from self._vllm()
         else:
             yield from self._sglang()
+        yield self._itl()
+
+    def _itl(self) -> HistogramMetricFamily:
+        """Inter-token latency from the engine's step counters (one observation per token after
+        a request's first, each the step that made it): only ``+Inf`` of the buckets, as the
+        sum and count are what a reader of the mean needs, and a per-token observe would cost
+        the engine loop."""
+        c = self._engine.counters
+        names, values = self._labels()
+        family = HistogramMetricFamily(f"{'vllm' if self._flavor == 'vllm' else 'sglang'}:inter_token_latency_seconds",
+                                       "Time between a request's consecutive tokens (model seconds x time scale).",
+                                       labels=names)
+        family.add_metric(values, [("+Inf", float(c.itl_tokens))], c.itl_seconds * self._time_scale)
+        return family
 
     def _labels(self) -> tuple[list[str], list[str]]:
         if self._flavor == "vllm":  # one series per data-parallel engine; the emulator is engine 0
@@ -128,9 +144,9 @@ class EngineMetrics:
     """The registry of one emulator app plus its latency histograms."""
 
     def __init__(self, flavor: str, model: str, engine: Engine,
-                 cache_labels: dict[str, str]) -> None:
+                 cache_labels: dict[str, str], time_scale: float = 1.0) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_EngineCollector(flavor, model, engine, cache_labels))
+        self.registry.register(_EngineCollector(flavor, model, engine, cache_labels, time_scale))
         prefix = "vllm" if flavor == "vllm" else "sglang"
         names, values = (["engine", "model_name"], ["0", model]) if flavor == "vllm" else (["model_name"], [model])
         self._ttft = Histogram(f"{prefix}:time_to_first_token_seconds",

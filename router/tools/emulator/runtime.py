@@ -52,7 +52,7 @@ class EmulatorRuntime:
                              vocab_size=self.tokenizer.vocab_size)
         self.stats = StatsRecorder(config.stats_history)
         self.metrics = EngineMetrics(config.flavor, self.model, self.engine,
-                                     self.cache_labels())
+                                     self.cache_labels(), config.time_scale)
         self.faults = FaultInjector(config.faults, config.seed, self._apply_faults)
         self.driver = EngineDriver(self.engine, config.time_scale,
                                    on_first_token=self._on_first_token,

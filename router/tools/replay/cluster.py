@@ -57,6 +57,7 @@ class ClusterSpec:
     store_aware: bool = True  # the router is told of the store (kv_store.enabled) and prices loads from it
     prefill_chunk_tokens: int = 0  # the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens)
     max_batched_tokens: int | None = None  # the engines' step budget; None = the profile's
+    decode_step_measured: bool = True  # the router reads each engine's inter-token latency (engines.decode_step)
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
