@@ -8,7 +8,9 @@ router's or a direct client's would: the engines' histograms count them, the rou
 bytes cannot. The router is given only the URLs and a default rate ``--wrong`` times too high
 and too low (and right, for reference). Rows: TTFT p50/p90 of the requests sent through the router, over the first third
 of the run and the whole run, in emulated seconds (wall / time scale); the rate the router
-believed at the end, as a multiple of the true one (1.00 is right).
+believed at the end, as a multiple of the true one (1.00 is right); the decode step it believed at the end
+(engines.decode_step, from the engines' inter-token latency histograms) over the engines' own mean
+inter-token latency during the run (``--decode-step off``: the router keeps the configured step).
 
 Wall-time figures: run under the shared lock.
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtests.matrix_cells import ENGINES, Cell, Drawn, draw
 from loadtests.matrix_live import _send, prompt_text
 from loadtests.report import table, write_section
+from router.engines.readings import parse_metrics
 from router.tools.localrun import Engine, emulated_cluster, pd_cluster_spec, profile_timing, reset_engines, router_process
 from router.tools.emulator.perf import get_profile
 from router.tools.replay.summary import percentile
@@ -51,15 +54,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--wrong", type=float, default=2.5, help="the default rate is this many times too high, then too low")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cell", default="b2b_uniform/2/defaults", help="workload/pressure/knowledge the traffic is drawn as")
+    p.add_argument("--decode-step", choices=("on", "off"), default="on",
+                   help="the router measures each engine's decode step from its inter-token latency (engines.decode_step)")
     p.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     return p.parse_args(argv)
 
 
-def config(engines: Sequence[Engine], rate: float, engine_calibration: bool, seed: int) -> dict[str, Any]:
+def config(engines: Sequence[Engine], rate: float, engine_calibration: bool, seed: int,
+           decode_step: bool = True) -> dict[str, Any]:
     """Only what a new user writes (the URLs), plus the wrong default rate."""
     return {"instances": [{"url": e.url, "name": e.name, "model": "demo-model"} for e in engines],
             "policy": {"name": "ttft", "seed": seed, "ttft": {"prefill_tokens_per_s": rate}},
-            "engines": {"calibration": {"enabled": engine_calibration}},
+            "engines": {"calibration": {"enabled": engine_calibration}, "decode_step": {"enabled": decode_step}},
             "server": {"admin_token": TOKEN}, "health": {"interval_s": 2.0}}
 
 
@@ -85,11 +91,23 @@ async def drive(router: str, engines: Sequence[Engine], reqs: Sequence[TraceRequ
     return routed, len(errors)
 
 
-def believed(router: str) -> float:
-    """The mean prefill rate the router uses now (calibrated), over its instances."""
+def believed(router: str) -> tuple[float, float | None]:
+    """The mean prefill rate and decode step the router uses now, over its instances (the
+    step over those it has measured; None when it measured none)."""
     docs = httpx.get(f"{router}/debug/instances", headers={"authorization": f"Bearer {TOKEN}"}, timeout=5).json()
     rates = [float(d["prefill_tokens_per_s"]) for d in docs["instances"]]
-    return sum(rates) / len(rates)
+    steps = [float(d["decode_step_s"]) for d in docs["instances"] if d.get("decode_step_s") is not None]
+    return sum(rates) / len(rates), (sum(steps) / len(steps) if steps else None)
+
+
+def itl_totals(engines: Sequence[Engine]) -> tuple[float, float]:
+    """(seconds, tokens) of inter-token latency the engines have counted, summed."""
+    seconds = tokens = 0.0
+    for e in engines:
+        r = parse_metrics(httpx.get(f"{e.url}/metrics", timeout=5).text)
+        seconds += r.itl_s or 0.0
+        tokens += r.itl_tokens or 0.0
+    return seconds, tokens
 
 
 def run(args: argparse.Namespace) -> tuple[str, list[list[object]]]:
@@ -106,14 +124,19 @@ def run(args: argparse.Namespace) -> tuple[str, list[list[object]]]:
                           seed=args.seed, cache_tokens=d.spec.cache_tokens) as engines:
         for name, rate, on in variants:
             reset_engines(engines)
-            with router_process(config(engines, rate, on, args.seed)) as proc:
+            itl_before = itl_totals(engines)
+            with router_process(config(engines, rate, on, args.seed, args.decode_step == "on")) as proc:
                 routed, errors = asyncio.run(drive(proc.url, engines, reqs, texts, time_scale, args.bypass, args.seed))
-                end_rate = believed(proc.url)
+                end_rate, end_step = believed(proc.url)
+            itl_after = itl_totals(engines)
+            spent, tokens = itl_after[0] - itl_before[0], itl_after[1] - itl_before[1]
+            step_ratio = f"{end_step / (spent / tokens):.2f}" if end_step is not None and tokens > 0 else "-"
             early = [t / time_scale for at, t in routed if at <= args.seconds / 3]
             every = [t / time_scale for _, t in routed]
             row: list[object] = [name, "on" if on else "off", len(routed), errors,
                                  f"{percentile(early, 50):.3f}", f"{percentile(early, 90):.3f}",
-                                 f"{percentile(every, 50):.3f}", f"{percentile(every, 90):.3f}", f"{end_rate / true_rate:.2f}"]
+                                 f"{percentile(every, 50):.3f}", f"{percentile(every, 90):.3f}", f"{end_rate / true_rate:.2f}",
+                                 step_ratio]
             rows.append(row)
             print("  " + " | ".join(str(c) for c in row), flush=True)
     note = (f"{d.describe()}; {len(reqs)} requests in {args.seconds:g} s wall, {args.bypass:.0%} straight to a random "
@@ -126,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     load = os.getloadavg()
     note, rows = run(args)
     headers = ["default rate", "engine metrics", "routed", "errors", f"p50 first {args.seconds / 3:g} s",
-               f"p90 first {args.seconds / 3:g} s", "p50 all", "p90 all", "rate believed at end / true"]
+               f"p90 first {args.seconds / 3:g} s", "p50 all", "p90 all", "rate believed at end / true",
+               "decode step believed at end / engines' mean inter-token latency"]
     body = table(headers, rows)
     print(note)
     print(body)

@@ -4,9 +4,8 @@ Why: a request that finds an engine's KV cache full waits for running requests t
 and they end a decode step at a time (``cost.admission_wait``). That wait was priced with
 one configured step (``policy.ttft.decode_step_s`` plus ``decode_interference_s`` per
 running request), whatever the engine: 8 ms by default, where the emulator's profiles take
-3-33 ms and a CPU engine far more. A wrong step is not corrected by the prefill calibration
-either; it absorbed it instead, ending at a prefill rate 0.2-0.6x the engine's true one
-(docs/benchmarks.md, "engine calibration"), which then mispriced every uncached prompt.
+3-33 ms and the real CPU vLLM testbed ~1.4 ms. Nothing else corrects it: the calibration
+moves the prefill rate only.
 
 What is measured, per instance, over a window of scrapes (counter deltas): the summed
 inter-token latency over the tokens it covers (vLLM ``inter_token_latency_seconds``, older
