@@ -100,8 +100,9 @@ class CalibrationHook(Hook):
         if instance not in self.pool:
             return
         key = self._key(instance)
-        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued_share(routed.snapshot, routed.booking, instance),
-                                         factor_then=self._factor_then(instance, routed))
+        external = routed.external_prefill if (d.prefill or d.instance) == instance else 0
+        queued = queued_share(routed.snapshot, routed.booking, instance, external)
+        factor = self.calibrator.observe(key, estimate, actual_s, queued=queued, factor_then=self._factor_then(instance, routed))
         if factor is not None:
             self._measured[instance] = self._measured.get(instance, 0) + 1
         self._apply(key, factor)

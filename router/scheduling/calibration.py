@@ -18,7 +18,8 @@ Two rules keep the beliefs self-correcting:
   the wrong default rate it corrected. Pooled, every member's measurement corrects the
   group at once. ``scope: instance`` keeps one factor per instance (a pool of mixed
   hardware that declares no rates).
-* Only what measures the rate: a first byte behind a queue says more about how long the
+* Only what measures the rate: a first byte behind a queue (booked, or reported by the
+  engine beyond the bookings: external load) says more about how long the
   work ahead took (the queue model: booked prefill on a mixed engine is released only at
   its first token, a head half done counts whole) than about the rate. Fitting the rate to
   it moved the factor of engines whose true rate the router was told between 1.0 and 4.6 on
@@ -52,12 +53,16 @@ from router.state.base import Booking, Snapshot
 _SETTLED = 0.01  # a relaxed factor this close to 1.0 is dropped: the prior again
 
 
-def queued_share(snap: Snapshot, booking: Booking, instance: str) -> float:
+def queued_share(snap: Snapshot, booking: Booking, instance: str, external: int = 0) -> float:
     """The prefill booked ahead of a request on ``instance`` when it was decided (the
     snapshot it was decided on), over what its own booking queued there (the same units):
-    0 on an idle queue, infinite when there was work ahead and it queued none there."""
+    0 on an idle queue, infinite when there was work ahead and it queued none there.
+
+    ``external``: the prefill the engine itself reported queued there beyond every booking
+    (traffic that bypasses the router, router/engines/external.py), which the decision
+    priced as queue too: a first byte behind it measures that queue, not the rate."""
     load = snap.loads.get(instance)
-    ahead = load.prefill_tokens if load is not None else 0
+    ahead = (load.prefill_tokens if load is not None else 0) + external
     if ahead <= 0:
         return 0.0
     own = sum(leg.prefill_tokens for leg in booking.legs if leg.instance == instance)

@@ -109,6 +109,7 @@ class Routed:
     snapshot: Snapshot
     started: float  # perf_counter when the decision began
     prefill_rate: float | None = None  # the prefilling candidate's rate when decided (calibration compares with it)
+    external_prefill: int = 0  # prefill queued on the prefilling instance beyond the bookings (engine-reported) then
 
 
 def book_store_load(tier: StoreTier, req: RouteRequest, decision: Decision, snap: Snapshot,
@@ -171,8 +172,12 @@ async def decide(
             series.cached_ratio.observe(cached / req.prompt_tokens)
             series.predicted_cached.inc(cached * snap.confidence.get(prefilling, 1.0))
             series.routed_prompt.inc(req.prompt_tokens)
-    rate = None
+    rate, external = None, 0
     if decision.estimate_s is not None:  # the estimate was priced at this rate: calibration needs it (CalibrationHook)
         prefilling = decision.prefill or decision.instance
         rate = next((c.prefill_tokens_per_s for c in chooser.candidates if c.id == prefilling), None)
-    return Routed(booking, decision, snap, started, rate)
+        elsewhere = getattr(policy, "external_loads", None)  # ... and behind this much unbooked queue
+        if elsewhere is not None:
+            extra = elsewhere().get(prefilling)
+            external = extra.prefill_tokens if extra is not None else 0
+    return Routed(booking, decision, snap, started, rate, external)

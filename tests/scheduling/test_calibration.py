@@ -35,6 +35,8 @@ def test_a_measurement_behind_a_queue_is_not_the_rates():
     assert queued_share(snap, Booking.single("r", "a", 0, 0), "a") == float("inf")  # work ahead, none of its own
     pd = Booking("r", (Leg("b", 0, 10), Leg("a", 4000, 0, transient=True)), ())
     assert queued_share(snap, pd, "a") == 500 / 4000  # the prefill leg's own work, not the decode leg's
+    # queue the engine reported beyond every booking (bypass traffic) is queue ahead too
+    assert queued_share(snap, on["b"], "b", external=300) == 0.3
 
 
 def test_a_first_byte_corrects_the_factor_its_estimate_was_made_with():
@@ -179,7 +181,7 @@ def _hook(scope: str, instances: list[dict[str, object]]) -> tuple[object, Insta
 
 
 def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: float, actual_s: float,
-                ahead: int = 0, work: int | None = None, rate: float | None = None) -> None:
+                ahead: int = 0, work: int | None = None, rate: float | None = None, external: int = 0) -> None:
     import asyncio
 
     from router.request.lifecycle import Attempt
@@ -189,7 +191,7 @@ def _first_byte(hook: object, pool: InstancePool, instance: str, estimate_s: flo
 
     decision = Decision(instance, frozenset({instance}), "score", estimate_s=estimate_s, prefill_work=work)
     loads = {instance: Load(1, ahead)} if ahead else {}
-    routed = Routed(Booking.single("r", instance, work or 0, 0), decision, Snapshot({}, loads), 0.0, rate)
+    routed = Routed(Booking.single("r", instance, work or 0, 0), decision, Snapshot({}, loads), 0.0, rate, external)
     attempt = Attempt("r", routed, pool.get(instance), streaming=True, first_byte_s=actual_s)
     asyncio.run(hook.first_byte(attempt))  # type: ignore[attr-defined]
 
@@ -293,3 +295,13 @@ def test_a_decode_instance_is_not_calibrated_from_its_engine_windows():
     assert hook.observe_engine("d", _window(4, 8, 1.0), weights, config) is None  # type: ignore[attr-defined]
     assert pool.get("d").factor == 1.0
     assert hook.observe_engine("p", _window(4, 4000, 1.0), weights, config) is not None  # type: ignore[attr-defined]
+
+
+def test_a_first_byte_behind_unbooked_engine_queue_is_not_the_rates():
+    # the engine reported 5000 prefill tokens queued beyond the router's bookings when the
+    # request was decided: its slow first byte measured that queue, not the rate
+    hook, pool = _hook("instance", [{"url": "http://a:1", "name": "a"}])
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=3.0, work=1000, external=5000)
+    assert pool.get("a").factor == 1.0
+    _first_byte(hook, pool, "a", estimate_s=1.0, actual_s=3.0, work=1000)  # no queue ahead: the rate's
+    assert pool.get("a").factor == 3.0

@@ -38,3 +38,18 @@ def test_a_decision_carries_the_rate_its_estimate_was_priced_at():
     assert routed.prefill_rate == {"a": 4000.0, "b": 9000.0}[routed.decision.instance]  # what calibration compares with
     unpriced = build_policy(PolicyConfig(name="round_robin"), rng=random.Random(0))
     assert asyncio.run(decide(store, unpriced, RouteRequest("s", (), 8, 8, 64), candidates)).prefill_rate is None
+
+
+def test_a_decision_carries_the_unbooked_queue_the_engine_reported_on_its_instance():
+    from router.engines.external import ExternalLoadPolicy
+    from router.state.base import Load
+
+    store = MemoryStore({"a": 1000, "b": 1000}, clock=lambda: 0.0)
+    candidates = [Candidate("a", prefill_tokens_per_s=4000.0), Candidate("b", prefill_tokens_per_s=4000.0)]
+    external = {"a": Load(requests=3, prefill_tokens=6000), "b": Load(requests=1, prefill_tokens=200)}
+    policy = ExternalLoadPolicy(build_policy(PolicyConfig(name="ttft"), rng=random.Random(0)), lambda: external)
+    routed = asyncio.run(decide(store, policy, RouteRequest("r", tuple(range(4)), 256, 8, 64), candidates))
+    assert routed.decision.instance == "b"  # a's unbooked queue was priced
+    assert routed.external_prefill == 200  # what calibration's queued share counts ahead of it
+    plain = build_policy(PolicyConfig(name="ttft"), rng=random.Random(0))
+    assert asyncio.run(decide(store, plain, RouteRequest("s", (), 8, 8, 64), candidates)).external_prefill == 0
