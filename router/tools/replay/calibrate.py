@@ -8,6 +8,10 @@ instance: ``calibration.scope``), on the virtual clock, so a router that starts 
 config's default rate (``told=False``) corrects it from measurements as the live one does,
 instead of keeping a belief no live router would keep. Only colocated clusters are
 calibrated here: the PD replay keeps the figures its own benchmarks were built on.
+
+``ReplayDecodeSteps`` is the live engine poller's decode-step belief
+(router/engines/decode_step.py): each engine's inter-token latency counters, read every
+metrics interval, set the step its wait for KV room is priced with.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from router.config.engines import EnginesConfig
 from router.config.model import CalibrationConfig
 from router.core.instances import Candidate
+from router.engines.decode_step import DecodeStepMeter
+from router.engines.readings import EngineReading
 from router.scheduling.calibration import Calibrator, calibration_key
+from router.tools.emulator.engine import Engine
 
 
 class ReplayCalibration:
@@ -49,3 +57,28 @@ class ReplayCalibration:
             value = changed.get(self._key[c.id])
             if value is not None:
                 self._candidates[i] = dataclasses.replace(c, prefill_tokens_per_s=self._base[c.id] / value)
+
+
+class ReplayDecodeSteps:
+    def __init__(self, candidates: list[Candidate], engines: list[Engine], clock: Callable[[], float],
+                 config: EnginesConfig | None = None) -> None:
+        config = config or EnginesConfig()
+        self._candidates = candidates  # the list the replay routes over, updated in place (index = engine)
+        self._engines = engines
+        self.meter = DecodeStepMeter(config.decode_step, clock)
+        self._every = config.metrics_interval_s
+        self._clock = clock
+        self._next = 0.0
+
+    def poll(self) -> None:
+        """At an arrival: a scrape of every engine when one is due (scrapes between two arrivals
+        change nothing a decision sees, so they are taken at arrivals)."""
+        now = self._clock()
+        if now < self._next:
+            return
+        self._next = now + self._every
+        for i, engine in enumerate(self._engines):
+            c = engine.counters
+            step = self.meter.update(self._candidates[i].id, EngineReading(itl_s=c.itl_seconds, itl_tokens=c.itl_tokens))
+            if step is not None:
+                self._candidates[i] = dataclasses.replace(self._candidates[i], decode_step_s=step)

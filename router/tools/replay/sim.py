@@ -32,21 +32,17 @@ times arrivals come first, so requests arriving together can share an engine's n
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from router.config.engines import EnginesConfig
 from router.config.model import HashingConfig, StateConfig, TTFTWeights
-from router.engines.decode_step import DecodeStepMeter
-from router.engines.readings import EngineReading
 from router.tools.emulator.kvstore import KVStore
 from router.tools.emulator.links import Fabric
 from router.tools.emulator.request import EngineRequest, EventKind, StepOutput
 from router.scheduling.framework import Policy, RouteRequest
-from router.tools.replay.calibrate import ReplayCalibration
+from router.tools.replay.calibrate import ReplayCalibration, ReplayDecodeSteps
 from router.tools.replay.cluster import ClusterSpec, Node, build_cluster
 from router.tools.replay.precise import EngineFeeds, Residency, token_hashing
 from router.tools.replay.prompts import PromptBuilder
@@ -125,11 +121,9 @@ class Simulation:
         if not spec.disaggregated:  # calibrate.py: as the live router's calibration hook
             default_rate = spec.ttft_weights().get("prefill_tokens_per_s", TTFTWeights().prefill_tokens_per_s)
             self.calibration = ReplayCalibration(self._candidates, model, default_rate, self._clock)
-        engines = EnginesConfig()
-        self.decode_steps: DecodeStepMeter | None = None  # as the live router's engine poller measures them
-        if spec.decode_step_measured and engines.decode_step.enabled:
-            self.decode_steps = DecodeStepMeter(engines.decode_step, self._clock)
-        self._scrape_every, self._next_scrape = engines.metrics_interval_s, 0.0
+        self.decode_steps: ReplayDecodeSteps | None = None  # as the live router's engine poller measures them
+        if spec.decode_step_measured:
+            self.decode_steps = ReplayDecodeSteps(self._candidates, [n.engine for n in self.nodes], self._clock)
         ttl = residency_ttl_s if residency_ttl_s is not None else StateConfig().residency_ttl_s
         caps = {n.id: max(1, n.candidate.cache_tokens // hashing.block_tokens) for n in self.nodes}
         self.store: StateStore = MemoryStore(caps, ttl, clock=self._clock)
@@ -247,21 +241,9 @@ class Simulation:
         self._step(node)
 
     # -- a request's life ----------------------------------------------------------------
-    def _scrape(self) -> None:
-        """What the live router's poller reads from each engine's /metrics every interval
-        (scrapes between two arrivals change nothing a decision sees, so they are taken at
-        arrivals): the inter-token latency counters, folded into each instance's decode step."""
-        assert self.decode_steps is not None
-        self._next_scrape = self.now + self._scrape_every
-        for i, node in enumerate(self.nodes):
-            c = node.engine.counters
-            step = self.decode_steps.update(node.id, EngineReading(itl_s=c.itl_seconds, itl_tokens=c.itl_tokens))
-            if step is not None:
-                self._candidates[i] = dataclasses.replace(self._candidates[i], decode_step_s=step)
-
     def _arrive(self, i: int) -> None:
-        if self.decode_steps is not None and self.now >= self._next_scrape:
-            self._scrape()
+        if self.decode_steps is not None:
+            self.decode_steps.poll()
         tr = self.trace.requests[i]
         tokens = self._prompts.tokens(tr)
         req = RouteRequest(f"r{i}", self._prompts.keys(tr, tokens), tr.input_tokens, tr.output_tokens,
