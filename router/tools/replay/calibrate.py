@@ -17,6 +17,7 @@ metrics interval, set the step its wait for KV room is priced with.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from router.config.engines import EnginesConfig
@@ -68,7 +69,7 @@ class ReplayDecodeSteps:
         self.meter = DecodeStepMeter(config.decode_step, clock)
         self._every = config.metrics_interval_s
         self._clock = clock
-        self._next = 0.0
+        self._next = 0.0 if config.decode_step.enabled else math.inf  # disabled: never due, as live
 
     def poll(self) -> None:
         """At an arrival: a scrape of every engine when one is due (scrapes between two arrivals

@@ -30,3 +30,15 @@ def test_a_router_that_does_not_read_the_histogram_keeps_the_configured_step():
     sim = Simulation(TRACE, spec, policy_for("ttft", spec, 0))
     sim.run()
     assert sim.decode_steps is None and all(c.decode_step_s is None for c in sim._candidates)
+
+
+def test_a_config_that_turns_the_measurement_off_is_honoured():
+    from router.config.engines import EnginesConfig
+    from router.tools.replay.calibrate import ReplayDecodeSteps
+
+    spec = ClusterSpec(mixed=2, cache_tokens=60_000, told=False)
+    sim = Simulation(TRACE, spec, policy_for("ttft", spec, 0))
+    sim.decode_steps = ReplayDecodeSteps(sim._candidates, [n.engine for n in sim.nodes], sim._clock,
+                                         EnginesConfig(decode_step={"enabled": False}))
+    sim.run()
+    assert all(c.decode_step_s is None for c in sim._candidates)
