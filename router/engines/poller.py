@@ -131,6 +131,10 @@ class EnginePoller:
             step = self.decode.update(inst.id, reading)
             if step is not None and self._pool.set_decode_step(inst.id, step) is not None:
                 self.book.entry(inst.id).decode_step_s = step
+        elif inst.decode_step_s is not None:  # turned off while running (config reload): the configured step again
+            self.decode.retain(())
+            self._pool.set_decode_step(inst.id, None)
+            self.book.entry(inst.id).decode_step_s = None
         facts = self.book.entry(inst.id).facts
         updated = facts.with_reading(reading)
         if updated != facts:

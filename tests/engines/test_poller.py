@@ -225,3 +225,7 @@ async def test_an_engines_inter_token_latency_becomes_its_decode_step(emulators,
     assert rig.pool.get("o").candidate.decode_step_s is None  # generated nothing: never measured
     rig.pool.calibrate("e", 2.0)  # a rebuilt candidate keeps it
     assert rig.pool.get("e").candidate.decode_step_s == step
+    rig.config.engines.decode_step.enabled = False  # a reload turns it off (the config is updated in place)
+    await rig.poller.poll_all()
+    assert rig.pool.get("e").candidate.decode_step_s is None and rig.book.entry("e").decode_step_s is None
+    assert rig.poller.decode.beliefs == {}  # re-enabled, it measures afresh
