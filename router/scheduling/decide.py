@@ -145,9 +145,9 @@ async def decide(
         hit, landings = tier.hit(req.keys), tier.landings()
         if hit is not None or landings:
             req = replace(req, store=hit, landings=landings or None)
+    elsewhere = getattr(policy, "external_loads", None)  # engines.external.ExternalLoadPolicy: pruning and calibration
     pool: Sequence[Candidate] = ()
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
-        elsewhere = getattr(policy, "external_loads", None)  # engines.external.ExternalLoadPolicy
         pruned = pruner.prune(store, req, candidates, elsewhere() if elsewhere is not None else None)
         if pruned is not None:
             pool, candidates, req = candidates, pruned.candidates, pruned.request
@@ -176,8 +176,7 @@ async def decide(
     if decision.estimate_s is not None:  # the estimate was priced at this rate: calibration needs it (CalibrationHook)
         prefilling = decision.prefill or decision.instance
         rate = next((c.prefill_tokens_per_s for c in chooser.candidates if c.id == prefilling), None)
-        elsewhere = getattr(policy, "external_loads", None)  # ... and behind this much unbooked queue
-        if elsewhere is not None:
+        if elsewhere is not None:  # ... and behind this much unbooked queue
             extra = elsewhere().get(prefilling)
             external = extra.prefill_tokens if extra is not None else 0
     return Routed(booking, decision, snap, started, rate, external)
