@@ -44,7 +44,8 @@ class DecodeStepConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="price the wait for KV room on each engine with its own measured "
-                          "inter-token latency instead of policy.ttft.decode_step_s (+ decode_interference_s per request)")
+                          "inter-token latency instead of policy.ttft.decode_step_s (+ decode_interference_s per request); "
+                          "on PD decode instances, scale the pd.decode_step_* model to it")
     min_tokens: int = Field(default=32, ge=1, description="generated tokens an engine window must hold before it is measured")
     min_window_s: float = Field(default=2.0, gt=0, description="a window spans at least this many seconds")
     max_window_s: float = Field(default=60.0, gt=0, description="a window that has not filled for this long is dropped")

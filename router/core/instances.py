@@ -44,6 +44,18 @@ class Candidate:
     # the engine's own measured inter-token latency (router/engines/decode_step.py); None = the
     # policy's configured step
     decode_step_s: float | None = None
+    # the running batch and KV share (0..1) it was measured at; None: the engine did not say
+    decode_step_batch: float | None = None
+    decode_step_kv_share: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """An engine's measured decode step and the batch it was measured at (router/engines/decode_step.py)."""
+
+    step_s: float
+    batch: float | None = None  # running requests, weighted by themselves; None: not reported
+    kv_share: float = 0.0  # KV in use then, as a share of the engine's cache
 
 
 @dataclass
@@ -59,7 +71,7 @@ class Instance:
     # engine tokens per router-estimated token (router/engines/token_ratio.py): the candidate's
     # cache_tokens is the engine's capacity over this, in the router's estimated tokens
     token_ratio: float = 1.0
-    decode_step_s: float | None = None  # measured from the engine's inter-token latency (router/engines/decode_step.py)
+    decode_step: DecodeStep | None = None  # measured from the engine's inter-token latency
     declared: InstanceConfig | None = None  # as its source gave it, once engine facts filled in ``config``
     outlier: Outlier = field(default_factory=Outlier)  # passive record; ``healthy`` is the active checks' verdict
     # called once when the active checks take it out: attempts still waiting on it give up then
@@ -92,7 +104,7 @@ class Change:
 
 
 def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, token_ratio: float = 1.0,
-               decode_step_s: float | None = None) -> Candidate:
+               step: DecodeStep | None = None) -> Candidate:
     return Candidate(
         id=ic.id,
         cache_tokens=router_tokens(ic.cache_tokens, token_ratio),
@@ -105,7 +117,9 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, tok
         # A vLLM decode instance prefills whatever KV it was not handed; an SGLang decode
         # worker only serves requests paired with a prefill through a bootstrap room.
         standalone=ic.role == "mixed" or (ic.role == "decode" and ic.flavor == "vllm"),
-        decode_step_s=decode_step_s,
+        decode_step_s=step.step_s if step is not None else None,
+        decode_step_batch=step.batch if step is not None else None,
+        decode_step_kv_share=step.kv_share if step is not None else 0.0,
     )
 
 
@@ -129,7 +143,7 @@ class InstancePool:
         self._health = config.health
         self._default_rate = config.policy.ttft.prefill_tokens_per_s
         for inst in self._instances.values():
-            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step_s)
+            inst.candidate = _candidate(inst.config, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step)
         self.version += 1
 
     # -- membership ----------------------------------------------------------------------
@@ -153,7 +167,7 @@ class InstancePool:
                 change.removed.append(self._remove(inst.id))
             elif new != (inst.declared or inst.config):  # facts the engine reported are not a change
                 inst.config, inst.declared = new, None  # the same engine (same URL): its token ratio holds
-                inst.candidate = _candidate(new, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step_s)
+                inst.candidate = _candidate(new, self._default_rate, inst.factor, inst.token_ratio, inst.decode_step)
                 change.updated.append(inst)
         for instance_id, ic in wanted.items():
             if instance_id not in self._instances:
@@ -200,7 +214,7 @@ class InstancePool:
         inst = self._lookup(instance_id)
         if inst is not None:
             inst.factor = factor
-            inst.candidate = _candidate(inst.config, self._default_rate, factor, inst.token_ratio, inst.decode_step_s)
+            inst.candidate = _candidate(inst.config, self._default_rate, factor, inst.token_ratio, inst.decode_step)
 
     def apply_facts(self, instance_id: str, config: InstanceConfig) -> None:
         """From now on use ``config``: the configured one with engine-reported facts filled
@@ -222,14 +236,17 @@ class InstancePool:
         inst.candidate = dataclasses.replace(inst.candidate, cache_tokens=router_tokens(inst.config.cache_tokens, ratio))
         return inst
 
-    def set_decode_step(self, instance_id: str, step_s: float | None) -> Instance | None:
-        """From now on price waits for KV room on this instance with ``step_s`` per decode step
-        (None: the policy's configured step). None when it left the pool."""
+    def set_decode_step(self, instance_id: str, step: DecodeStep | None) -> Instance | None:
+        """From now on price this instance's decode steps from ``step`` (None: the policy's
+        configured steps). None when it left the pool."""
         inst = self._instances.get(instance_id)
         if inst is None:
             return None
-        inst.decode_step_s = step_s
-        inst.candidate = dataclasses.replace(inst.candidate, decode_step_s=step_s)
+        inst.decode_step = step
+        inst.candidate = dataclasses.replace(
+            inst.candidate, decode_step_s=step.step_s if step is not None else None,
+            decode_step_batch=step.batch if step is not None else None,
+            decode_step_kv_share=step.kv_share if step is not None else 0.0)
         return inst
 
     def compat_report(self) -> dict[str, str]:

@@ -129,9 +129,9 @@ class EnginePoller:
                     self.on_prefill(inst.id, sample)
         if self._engines.decode_step.enabled:
             step = self.decode.update(inst.id, reading)
-            if step is not None and self._pool.set_decode_step(inst.id, step) is not None:
+            if step is not None and self._pool.set_decode_step(inst.id, self.decode.belief(inst.id)) is not None:
                 self.book.entry(inst.id).decode_step_s = step
-        elif inst.decode_step_s is not None:  # turned off while running (config reload): the configured step again
+        elif inst.decode_step is not None:  # turned off while running (config reload): the configured step again
             self.decode.retain(())
             self._pool.set_decode_step(inst.id, None)
             self.book.entry(inst.id).decode_step_s = None

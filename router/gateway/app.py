@@ -252,6 +252,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                  # the cache in the router's estimated tokens, with the engine's tokens per estimated token
                  "cache_tokens": i.candidate.cache_tokens, "token_ratio": i.token_ratio,
                  "decode_step_s": i.candidate.decode_step_s,  # None: the policy's configured step
+                 "decode_step_batch": i.candidate.decode_step_batch,  # ... and the batch it was measured at
                  "load": dataclasses.asdict(snap.loads[i.id]), "engine": book.describe(i.id)}
                 for i in pool
             ],

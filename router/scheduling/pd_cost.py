@@ -18,6 +18,10 @@ from router.config.model import LinkConfig, PDConfig, TTFTWeights
 from router.scheduling.cost import colocated_ttft
 from router.scheduling.framework import RouteCost, RouteRequest, View
 
+# A measured step scales the configured model at most this much either way: the engine's
+# speed, not one odd window, should move the TBT filter and the stall budget.
+MAX_STEP_SCALE = 20.0
+
 
 def link_gbps(p: View, d: View, links: LinkConfig) -> float:
     a, b = p.candidate, d.candidate
@@ -117,10 +121,31 @@ def transfer_seconds(req: RouteRequest, p: View, d: View, pd: PDConfig, prefill_
     return pd.links.setup_s + serial
 
 
-def decode_step_seconds(d: View, pd: PDConfig, extra_requests: int = 0, extra_kv: int = 0) -> float:
+def decode_step_seconds(d: View, pd: PDConfig, extra_requests: int = 0, extra_kv: int = 0,
+                        measured: bool = True) -> float:
+    """D's decode step with its booked batch (plus ``extra_*``), by the configured step model.
+
+    Where the engine's own inter-token latency was measured at a known batch
+    (router/engines/decode_step.py), the model is scaled by measured / model-at-that-batch:
+    the configured shape (more requests, more KV: slower steps), the engine's own speed.
+    That measurement is what a running request's tokens wait, the steps stalled by prefill
+    chunks on D included: right for the TBT filter and for how fast running decodes free KV
+    room. Isolation's stall arithmetic prices those chunks itself, and so does the route's
+    first step (a stall it causes is the isolation's to price), so they ask for the
+    configured pure step (``measured=False``): counting the stalls twice made the TBT
+    objective refuse most decode-alone prefills (burst shapes: both targets on 11 of 51 runs
+    against 35) and, in the first token's step alone, still cost it 6% of TTFT p90
+    (docs/benchmarks.md, session 21)."""
+    c = d.candidate
     requests = d.load.requests + extra_requests
     kv = d.load.kv_tokens + extra_kv
-    return pd.decode_step_base_s + pd.decode_step_per_request_s * requests + pd.decode_step_per_kv_token_s * kv
+    step = pd.decode_step_base_s + pd.decode_step_per_request_s * requests + pd.decode_step_per_kv_token_s * kv
+    if measured and c.decode_step_s is not None and c.decode_step_batch is not None:
+        at = (pd.decode_step_base_s + pd.decode_step_per_request_s * c.decode_step_batch
+              + pd.decode_step_per_kv_token_s * c.decode_step_kv_share * c.cache_tokens)
+        if at > 0:
+            step *= min(MAX_STEP_SCALE, max(1 / MAX_STEP_SCALE, c.decode_step_s / at))
+    return step
 
 
 def kv_fits(req: RouteRequest, d: View) -> bool:
@@ -142,7 +167,8 @@ def admission_seconds(req: RouteRequest, d: View, pd: PDConfig) -> float:
 def route_cost(req: RouteRequest, d: View, p: View | None, weights: TTFTWeights, pd: PDConfig) -> RouteCost:
     """Price the route (P, D), or D alone when ``p`` is None: then D's own queue, prefill
     and decode interference, and no transfer."""
-    step = decode_step_seconds(d, pd, 1, req.prompt_tokens)
+    # the first token's step: D's pure step (a stall there is isolation's to price, see decode_step_seconds)
+    step = decode_step_seconds(d, pd, 1, req.prompt_tokens, measured=False)
     if p is None:
         t = colocated_ttft(req, d, weights)
         return RouteCost(t.queue_s, t.prefill_s + t.interference_s, 0.0, admission_seconds(req, d, pd), step, t.uncached_tokens, 0)

@@ -152,7 +152,7 @@ class PairRoutes:
         w, pd = self._w, self._pd
         rate = d.candidate.prefill_tokens_per_s or w.prefill_tokens_per_s
         chunk = min(req.prompt_tokens - d.cached_tokens(req), pd.handoff.overlap_chunk_tokens)
-        return prefill_seconds(chunk, chunk, rate, w) + decode_step_seconds(d, pd) > pd.tbt_target_s
+        return prefill_seconds(chunk, chunk, rate, w) + decode_step_seconds(d, pd, measured=False) > pd.tbt_target_s
 
     def _stalling_queue(self, d: View) -> bool:
         """Isolation by budget: D already has prefill work queued whose chunk stalls its decodes.
@@ -164,7 +164,8 @@ class PairRoutes:
         if queued <= 0:
             return False
         rate = d.candidate.prefill_tokens_per_s or self._w.prefill_tokens_per_s
-        return prefill_seconds(queued, queued, rate, self._w) + decode_step_seconds(d, self._pd) > self._pd.tbt_target_s
+        return (prefill_seconds(queued, queued, rate, self._w)
+                + decode_step_seconds(d, self._pd, measured=False) > self._pd.tbt_target_s)
 
     def settle(self, req: RouteRequest, routes: Sequence[View], index: int,
                ties: Sequence[int]) -> tuple[int, Sequence[int], str | None, str]:

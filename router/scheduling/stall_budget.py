@@ -59,7 +59,7 @@ def stall_steps(req: RouteRequest, d: View, weights: TTFTWeights, pd: PDConfig, 
         return 0.0
     rate = d.candidate.prefill_tokens_per_s or weights.prefill_tokens_per_s
     chunk = pd.handoff.overlap_chunk_tokens
-    step = decode_step_seconds(d, pd)
+    step = decode_step_seconds(d, pd, measured=False)  # the chunks' stalls are priced here, not in the step
     overhead = weights.request_overhead_s
     stalled = 0
     tail = d.load.prefill_tokens % chunk
@@ -85,7 +85,7 @@ def decode_steps_per_s(decodes: Sequence[View], pd: PDConfig) -> float:
     """Decode steps (one per running decode per engine step) the pool makes per second at its
     booked load (a decode step priced at 0 s counts as 1 us: a pool that steps for free has
     an unbounded share to spend)."""
-    return sum(d.load.requests / max(decode_step_seconds(d, pd), 1e-6) for d in decodes if d.load.requests > 0)
+    return sum(d.load.requests / max(decode_step_seconds(d, pd, measured=False), 1e-6) for d in decodes if d.load.requests > 0)
 
 
 class StallLedger:

@@ -7,8 +7,10 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from router.config.engines import DecodeStepConfig
+from router.core.instances import DecodeStep
 from router.engines.decode_step import DecodeStepMeter
 from router.engines.readings import EngineReading, parse_metrics
 from router.tools.emulator.config import EmulatorConfig
@@ -67,6 +69,34 @@ def test_an_instance_that_left_is_forgotten() -> None:
     assert m.update("a", itl(1.0, 100)) == 0.01
     m.retain(["b"])
     assert m.beliefs == {} and m.update("a", itl(2.0, 200)) is None  # a baseline again
+
+
+def test_the_batch_a_step_was_measured_at_is_weighted_by_the_tokens_it_made() -> None:
+    m = meter(alpha=0.5)
+    m.update("e", itl(0.0, 0))
+    # two scrapes in the window: 2 running at 10% KV, then 6 at 50%; a step makes one token per
+    # running request, so the token-weighted batch is (2*2 + 6*6) / 8 = 5, the KV share (2*.1 + 6*.5) / 8
+    m.update("e", EngineReading(running=2, kv_usage=0.1, itl_s=0.05, itl_tokens=5))
+    assert m.update("e", EngineReading(running=6, kv_usage=0.5, itl_s=0.2, itl_tokens=20)) == 0.01
+    belief = m.belief("e")
+    assert belief is not None and belief.step_s == 0.01
+    assert belief.batch == pytest.approx(5.0) and belief.kv_share == pytest.approx(0.4)
+    # the next window (one scrape: 1 running, KV 2.0 read as a full cache) is smoothed as the step is
+    assert m.update("e", EngineReading(running=1, kv_usage=2.0, itl_s=0.4, itl_tokens=30)) == pytest.approx(0.015)
+    belief = m.belief("e")
+    assert belief is not None and belief.batch == pytest.approx(3.0) and belief.kv_share == pytest.approx(0.7)
+    # a window whose scrapes saw nobody running keeps the last batch rather than none
+    m.update("e", EngineReading(running=0, itl_s=0.6, itl_tokens=40))
+    assert m.belief("e") is not None and m.belief("e").batch == pytest.approx(3.0)  # type: ignore[union-attr]
+    m.retain([])
+    assert m.belief("e") is None and m.measured_at == {}
+
+
+def test_an_engine_that_reports_no_batch_gives_a_step_without_one() -> None:
+    m = meter()
+    m.update("e", itl(0.0, 0))
+    m.update("e", itl(0.1, 10))
+    assert m.belief("e") == DecodeStep(0.01)
 
 
 def test_the_emulators_histogram_gives_its_decode_step() -> None:

@@ -229,3 +229,20 @@ async def test_an_engines_inter_token_latency_becomes_its_decode_step(emulators,
     await rig.poller.poll_all()
     assert rig.pool.get("e").candidate.decode_step_s is None and rig.book.entry("e").decode_step_s is None
     assert rig.poller.decode.beliefs == {}  # re-enabled, it measures afresh
+
+
+async def test_the_batch_an_engines_step_was_measured_at_goes_with_it(emulators, rig_for) -> None:
+    """Scraped while three requests decode: the step comes with a batch of three and the KV they hold."""
+    emu = emulate(emulators, time_scale=2.0)
+    rig = rig_for([{"url": emu.url, "name": "e"}], engines={"decode_step": {"min_window_s": 0.01, "min_tokens": 8}})
+    await rig.poller.start()
+    threads = post_in_background(emu.url, 3, 300)
+    for _ in range(8):  # ~1.6 s of a ~4 s decode
+        await asyncio.sleep(0.2)
+        await rig.poller.poll_all()
+    cand = rig.pool.get("e").candidate
+    # the first window may hold a scrape taken while the third request was still arriving
+    assert cand.decode_step_s is not None and cand.decode_step_batch is not None
+    assert 2.5 <= cand.decode_step_batch <= 3.0
+    assert 0.0 < cand.decode_step_kv_share < 0.5  # three ~300-token prompts in a 64K-token cache
+    await asyncio.gather(*(asyncio.to_thread(t.join) for t in threads))

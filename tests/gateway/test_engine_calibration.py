@@ -148,9 +148,11 @@ def test_the_engines_decode_step_is_learned_from_its_inter_token_latency(flavor:
             deadline = time.monotonic() + (10 if enabled else 1)
             while (learned := instance(url, "e0")["decode_step_s"]) is None and time.monotonic() < deadline:
                 time.sleep(0.05)
+            batch = instance(url, "e0")["decode_step_batch"]
             metrics = httpx.get(f"{url}/metrics").text
         if enabled:
             assert learned == pytest.approx(step, rel=0.15), (learned, step)
+            assert batch == pytest.approx(1.0)  # the one request decoding, scraped as it ran
             assert 'pd_router_engine_decode_step_seconds{engine="e0"}' in metrics
         else:
             assert learned is None and "pd_router_engine_decode_step_seconds{" not in metrics

@@ -80,6 +80,11 @@ class ReplayDecodeSteps:
         self._next = now + self._every
         for i, engine in enumerate(self._engines):
             c = engine.counters
-            step = self.meter.update(self._candidates[i].id, EngineReading(itl_s=c.itl_seconds, itl_tokens=c.itl_tokens))
-            if step is not None:
-                self._candidates[i] = dataclasses.replace(self._candidates[i], decode_step_s=step)
+            cid = self._candidates[i].id
+            reading = EngineReading(running=engine.num_running, kv_usage=engine.kv.usage,
+                                    itl_s=c.itl_seconds, itl_tokens=c.itl_tokens)
+            belief = self.meter.belief(cid) if self.meter.update(cid, reading) is not None else None
+            if belief is not None:
+                self._candidates[i] = dataclasses.replace(
+                    self._candidates[i], decode_step_s=belief.step_s, decode_step_batch=belief.batch,
+                    decode_step_kv_share=belief.kv_share)

@@ -58,6 +58,7 @@ class ClusterSpec:
     prefill_chunk_tokens: int = 0  # the engines' step budget the router is told (policy.ttft.prefill_chunk_tokens)
     max_batched_tokens: int | None = None  # the engines' step budget; None = the profile's
     decode_step_measured: bool = True  # the router reads each engine's inter-token latency (engines.decode_step)
+    decode_steps_told: bool = True  # PD: the router is told the engines' decode step model; False = the config's
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -123,6 +124,11 @@ class ClusterSpec:
         """The router's PD settings describing this cluster (its link, KV size, decode steps)."""
         link = self.link()
         t = profile_timing(self.perf(), self.slowdown)
+        if not self.decode_steps_told:
+            default = PDConfig()
+            t = {**t, "decode_step_base_s": default.decode_step_base_s,
+                 "decode_step_per_request_s": default.decode_step_per_request_s,
+                 "decode_step_per_kv_token_s": default.decode_step_per_kv_token_s}
         emu = self.emulator_config()
         return PDConfig(
             kv_bytes_per_token=self.kv_bytes_per_token(),

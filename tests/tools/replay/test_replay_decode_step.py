@@ -42,3 +42,27 @@ def test_a_config_that_turns_the_measurement_off_is_honoured():
                                          EnginesConfig(decode_step={"enabled": False}))
     sim.run()
     assert all(c.decode_step_s is None for c in sim._candidates)
+
+
+def test_a_pd_decode_instance_is_priced_at_its_engines_speed_on_the_configured_shape():
+    """The router left on the config's decode step model (8 ms + 0.2 ms a request), engines ~3.5x slower:
+    each decode instance's step, at the batch its engine ran, comes out at what its tokens saw."""
+    from router.scheduling.framework import View
+    from router.scheduling.pd_cost import decode_step_seconds
+    from router.state.base import Load
+
+    trace = generate("multi_turn:sessions=24,turns=3,rate=4,think=1,system=1024,user=300,output=128", 5)
+    spec = ClusterSpec(prefill=2, decode=2, profile="llama3-70b-h100x4", slowdown=1.7, decode_steps_told=False)
+    sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
+    sim.run()
+    pd = spec.pd_config()
+    assert pd.decode_step_base_s == 0.008  # not told: the config's default model
+    decodes = [(n, c) for n, c in zip(sim.nodes, sim._candidates) if c.role == "decode"]
+    assert len(decodes) == 2
+    for node, cand in decodes:
+        seen = node.engine.counters.itl_seconds / node.engine.counters.itl_tokens
+        assert cand.decode_step_batch is not None and cand.decode_step_batch >= 1
+        at = Load(round(cand.decode_step_batch), 0, int(cand.decode_step_kv_share * cand.cache_tokens), 0)
+        unmeasured = dataclasses.replace(cand, decode_step_s=None, decode_step_batch=None)
+        assert decode_step_seconds(View(unmeasured, 0, at, None, None, 1.0), pd) < 0.5 * seen
+        assert decode_step_seconds(View(cand, 0, at, None, None, 1.0), pd) == pytest.approx(seen, rel=0.3)

@@ -1,0 +1,182 @@
+"""PD decode steps believed against the engines' own, on engines drawn at random (replay, virtual time).
+
+    python loadtests/pd_decode_step.py [--cells N] [--seed S] [--write]
+
+Each cell draws an engine profile (llama3-8b-h100 or llama3-70b-h100x4), a slowdown (0.5-2.0),
+a pool of 2-4 prefill and 2-4 decode instances and a workload (multi-turn chat with 2K-token
+system prompts, or long-context chat: 8K system prompts, 1K-token turns, 512-token answers),
+from ``--seed``. Four routers on the same
+engines: told the engines' decode step model (``pd.decode_step_*`` fitted to the profile) or
+left on the config's defaults, each with and without the step measured from the engines'
+inter-token latency (``engines.decode_step``; pd_cost.decode_step_seconds scales the model by
+measured / model-at-the-measured-batch).
+
+"step error" is predictive: every second of virtual time, each decode instance's believed step
+at its engine's current batch (running requests, KV in use) is set against the mean
+inter-token latency its engine's tokens saw over the next second; the figure is
+|believed / seen - 1| at p50 and p90 over those pairs, and at p90 over the pairs after the
+first 10 s (a measured belief needs a window of ``min_window_s`` and ``min_tokens`` first). TTFT p90 and decode TBT p99 show whether
+the belief moves the routes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtests.report import table, write_section
+from router.scheduling.framework import View
+from router.scheduling.pd_cost import decode_step_seconds
+from router.state.base import Load
+from router.tools.replay.cluster import ClusterSpec
+from router.tools.replay.record import TBT_BIN_S
+from router.tools.replay.run import policy_for
+from router.tools.replay.sim import Simulation
+from router.tools.replay.summary import hist_percentile, percentile
+from router.tools.replay.synthetic import generate
+from router.tools.replay.trace import Trace
+
+SECTION = "PD decode steps: the believed step against the engines' own, engines drawn at random (issue 9 item 3 / issue 12)"
+# (label, router told the decode step model, step measured from the engines' inter-token latency)
+VARIANTS = (("told", True, False), ("told + measured", True, True),
+            ("defaults", False, False), ("defaults + measured", False, True))
+MIN_TOKENS = 32  # a second whose tokens are fewer than this says too little about the step
+WARM_S = 10.0
+
+
+@dataclass(frozen=True)
+class Cell:
+    profile: str
+    slowdown: float
+    prefill: int
+    decode: int
+    workload: str  # "chat" or "long"
+
+    def __str__(self) -> str:
+        short = "8b" if "8b" in self.profile else "70b x4"
+        return f"{short} x{self.slowdown:.2f} {self.prefill}P+{self.decode}D {self.workload}"
+
+
+def draw(n: int, seed: int) -> list[Cell]:
+    rng = random.Random(seed)
+    return [Cell(rng.choice(("llama3-8b-h100", "llama3-70b-h100x4")), round(rng.uniform(0.5, 2.0), 2),
+                 rng.randint(2, 4), rng.randint(2, 4), rng.choice(("chat", "long"))) for _ in range(n)]
+
+
+def trace_for(cell: Cell, seed: int) -> Trace:
+    # the arrival rate follows the engines' speed, so every cell is busy but not drowned
+    speed = (1.0 if "8b" in cell.profile else 0.4) / cell.slowdown * (cell.prefill + cell.decode) / 6
+    if cell.workload == "chat":
+        rate = max(1.0, round(6.0 * speed, 2))
+        return generate(f"multi_turn:sessions=96,turns=4,rate={rate},think=2,system=2048,user=400,output=256", seed)
+    rate = max(0.5, round(2.0 * speed, 2))
+    return generate(f"multi_turn:sessions=48,turns=3,rate={rate},think=3,system=8192,user=1000,output=512", seed)
+
+
+class StepSampler:
+    """Every second of virtual time: each decode instance's believed step at its engine's batch,
+    and the engines' inter-token latency counters, to pair with the next second's mean step."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self._sim = sim
+        self._next = 0.0
+        self._last: dict[str, tuple[float, float, float]] = {}  # id -> (itl s, itl tokens, believed)
+        self.ratios: list[float] = []
+        self.late: list[float] = []  # ... of the pairs believed after the first WARM_S
+
+    def sample(self) -> None:
+        sim = self._sim
+        if sim.now < self._next:
+            return
+        self._next = sim.now + 1.0
+        pd = sim.spec.pd_config()
+        for node, cand in zip(sim.nodes, sim._candidates):
+            if cand.role != "decode":
+                continue
+            engine, c = node.engine, node.engine.counters
+            last = self._last.get(cand.id)
+            if last is not None and c.itl_tokens - last[1] >= MIN_TOKENS and not math.isnan(last[2]):
+                seen = (c.itl_seconds - last[0]) / (c.itl_tokens - last[1])
+                self.ratios.append(last[2] / seen)
+                if sim.now - 1.0 >= WARM_S:
+                    self.late.append(last[2] / seen)
+            believed = math.nan
+            if engine.num_running:
+                load = Load(engine.num_running, 0, int(engine.kv.usage * cand.cache_tokens), 0)
+                believed = decode_step_seconds(View(cand, 0, load, None, None, 1.0), pd)
+            self._last[cand.id] = (c.itl_seconds, c.itl_tokens, believed)
+
+
+@dataclass(frozen=True)
+class Result:
+    err_p50: float
+    err_p90: float
+    late_p90: float
+    ratio_p50: float
+    ttft_p90: float
+    tbt_p99: float
+    pairs: int
+
+
+def run(cell: Cell, seed: int, told: bool, measured: bool) -> Result:
+    spec = ClusterSpec(prefill=cell.prefill, decode=cell.decode, profile=cell.profile, slowdown=cell.slowdown,
+                       decode_steps_told=told, decode_step_measured=measured)
+    sim = Simulation(trace_for(cell, seed), spec, policy_for("ttft", spec, 0))
+    sampler = StepSampler(sim)
+    arrive = sim._arrive
+
+    def sampled(i: int) -> None:
+        sampler.sample()
+        arrive(i)
+
+    sim._arrive = sampled  # type: ignore[method-assign]
+    rec = sim.run()
+    ttft = [f - a for f, a in zip(rec.first_token, rec.arrival) if not math.isnan(f)]
+    errors = [abs(r - 1) for r in sampler.ratios]
+    late = [abs(r - 1) for r in sampler.late]
+    return Result(percentile(errors, 50) if errors else math.nan, percentile(errors, 90) if errors else math.nan,
+                  percentile(late, 90) if late else math.nan,
+                  statistics.median(sampler.ratios) if sampler.ratios else math.nan,
+                  percentile(ttft, 90), hist_percentile(rec.tbt_hist, 99, TBT_BIN_S), len(errors))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cells", type=int, default=8)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--section", default=SECTION)
+    p.add_argument("--write", action="store_true")
+    args = p.parse_args()
+    rows: list[list[object]] = []
+    errors: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    late: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    for i, cell in enumerate(draw(args.cells, args.seed)):
+        for label, told, measured in VARIANTS:
+            r = run(cell, args.seed + i, told, measured)
+            errors[label].append(r.err_p90)
+            late[label].append(r.late_p90)
+            rows.append([str(cell), label, f"{r.err_p50:.2f}", f"{r.err_p90:.2f}", f"{r.late_p90:.2f}", f"{r.ratio_p50:.2f}",
+                         f"{r.ttft_p90:.3f}", f"{r.tbt_p99 * 1000:.1f}", r.pairs])
+            print(" | ".join(map(str, rows[-1])), flush=True)
+    summary = "Median over the cells of each router's p90 step error: " + ", ".join(
+        f"{label} {statistics.median(v):.2f}" for label, v in errors.items() if v) + "; after the first 10 s: " + ", ".join(
+        f"{label} {statistics.median(v):.2f}" for label, v in late.items() if v) + "."
+    print(summary)
+    body = (__doc__.split("\n\n", 2)[2].strip() + "\n\n"
+            + table(["cell", "router", "step error p50", "step error p90", "p90 after 10 s", "believed / seen, median", "TTFT p90 s",
+                     "TBT p99 ms", "pairs"], rows) + "\n\n" + summary)
+    if args.write:
+        write_section(args.section, f"python loadtests/pd_decode_step.py --cells {args.cells} --seed {args.seed} --write",
+                      body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
