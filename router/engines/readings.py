@@ -48,7 +48,11 @@ _ITL_S = ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_se
           "sglang:inter_token_latency_seconds_sum", "sglang:time_per_output_token_seconds_sum")
 _ITL_N = ("vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
           "sglang:inter_token_latency_seconds_count", "sglang:time_per_output_token_seconds_count")
-_TIMING = _PREFILL_S + _PREFILL_N + _COMPUTED + _TTFT_S + _TTFT_N + _QUEUE_S + _ITL_S + _ITL_N
+# The prompt tokens of finished requests, with how many finished: counted when each request ends (vLLM's
+# request_prompt_tokens histogram; SGLang's prompt and request counters, incremented together at the end).
+_ANSWERED_S = ("vllm:request_prompt_tokens_sum", "sglang:prompt_tokens_total", "sglang:prompt_tokens")
+_ANSWERED_N = ("vllm:request_prompt_tokens_count", "sglang:num_requests_total", "sglang:num_requests")
+_TIMING = _PREFILL_S + _PREFILL_N + _COMPUTED + _TTFT_S + _TTFT_N + _QUEUE_S + _ITL_S + _ITL_N + _ANSWERED_S + _ANSWERED_N
 _WANTED = (_RUNNING + _WAITING + _USAGE + _QUERIES + _HITS + _PROMPT + _FINISHED + _CACHE_INFO + _SGLANG_CAPACITY
            + _TIMING)
 _NAMES = frozenset(_WANTED)
@@ -78,6 +82,8 @@ class EngineReading:
     queue_s: float | None = None  # time waiting to be scheduled, summed
     itl_s: float | None = None  # seconds between a request's consecutive tokens, summed over tokens
     itl_tokens: float | None = None  # generated tokens (after each request's first) those seconds cover
+    answered_prompt_tokens: float | None = None  # prompt tokens of the requests finished, counted at their end
+    answered_requests: float | None = None  # ... and how many finished
 
     @property
     def requests(self) -> float | None:
@@ -166,6 +172,7 @@ def parse_metrics(text: str) -> EngineReading:
     series = samples(text)
     block, capacity, dtype = _geometry(series)
     itl_s, itl_tokens = _pair(series, _ITL_S, _ITL_N)
+    answered_tokens, answered = _pair(series, _ANSWERED_S, _ANSWERED_N)
     return EngineReading(
         running=_sum(series, _RUNNING),
         waiting=_sum(series, _WAITING),
@@ -185,4 +192,6 @@ def parse_metrics(text: str) -> EngineReading:
         queue_s=_sum(series, _QUEUE_S),
         itl_s=itl_s,
         itl_tokens=itl_tokens,
+        answered_prompt_tokens=answered_tokens,
+        answered_requests=answered,
     )

@@ -71,17 +71,140 @@ class TokenRatio:
     reported: float = 0.0
     answers: int = 0
 
-    def observe(self, estimated: int, reported: int) -> None:
-        """One answer: the router estimated ``estimated`` prompt tokens, the engine counted ``reported``."""
-        if estimated <= 0 or not 0 < reported <= _MAX_TOKENS:
+    def observe(self, estimated: int, reported: int, answers: int = 1) -> None:
+        """``answers`` answers (one, or a window of them): the router estimated ``estimated`` prompt
+        tokens, the engine counted ``reported``."""
+        if estimated <= 0 or answers < 1 or not 0 < reported <= _MAX_TOKENS * answers:
             return
-        keep = 1.0 - 1.0 / self.memory
+        keep = (1.0 - 1.0 / self.memory) ** answers
         self.estimated = self.estimated * keep + estimated
         self.reported = self.reported * keep + reported
-        self.answers += 1
+        self.answers += answers
 
     @property
     def ratio(self) -> float:
         if self.answers < self.min_requests or self.estimated <= 0:
             return 1.0
         return min(MAX_RATIO, max(MIN_RATIO, self.reported / self.estimated))
+
+
+@dataclass
+class _Tally:
+    """What the router saw end on one instance since its window began."""
+
+    estimated: int = 0  # router-estimated prompt tokens of the answers that reported no usage
+    reported: int = 0  # engine-reported prompt tokens of the answers that did
+    unreported: int = 0  # answers without usage
+    answers: int = 0  # every answer that ended well
+    model: str | None = None
+    spoiled: bool = False  # an answer of another model, or one that ended badly: the window cannot be split
+
+
+@dataclass
+class _Window:
+    tokens: float  # the engine's answered-prompt counters at the window's start
+    requests: float
+    tally: _Tally
+
+
+@dataclass(frozen=True)
+class WindowSample:
+    """A window fit to learn from: ``estimated`` router tokens were ``reported`` engine tokens, over ``answers``."""
+
+    model: str
+    estimated: int
+    reported: int
+    answers: int
+
+
+class PromptCountWindows:
+    """The token ratio from answers that report no usage, through the engine's own counters.
+
+    Why: a stream whose client did not ask for usage (``stream_options.include_usage``) ends
+    with no ``usage.prompt_tokens``, so it teaches the per-answer ratio nothing; a front-end
+    that only streams would never correct the 4-characters-a-token guess. Each engine counts
+    the prompt tokens of the requests it finishes, at their end (vLLM's
+    ``request_prompt_tokens`` histogram, SGLang's ``prompt_tokens_total`` with
+    ``num_requests_total``). Between two scrapes, that count less what the answers that did
+    report usage said is the engine's count of the others, which the router estimated.
+
+    Only windows that are the router's alone count: the engine finished as many requests as
+    the router saw end there (within one, or a tenth: a request ending across the scrape), all
+    of one model, none of which ended badly (an aborted request may have been counted without
+    an answer). Traffic that reaches the engine around this router, or through another replica,
+    fails that test, so those windows are dropped, never mixed in. A window closes once it
+    holds ``min_answers`` answers without usage; ``max_scrapes`` without closing starts it over.
+    Bounded: one window per instance in the pool (``retain``).
+    """
+
+    def __init__(self, min_answers: int = 8, max_scrapes: int = 60) -> None:
+        self._min = min_answers
+        self._max_scrapes = max_scrapes
+        self._windows: dict[str, _Window] = {}
+        self._scrapes: dict[str, int] = {}
+        self.dropped = 0  # windows that were not the router's alone (for tests and /debug)
+
+    def answered(self, instance: str, model: str, estimated: int, reported: int | None) -> None:
+        """An answer ended well on ``instance`` (``reported``: its usage.prompt_tokens, None when it had none)."""
+        window = self._windows.get(instance)
+        if window is None:
+            return  # no baseline yet: the next scrape starts one
+        t = window.tally
+        if t.model is None:
+            t.model = model
+        elif t.model != model:
+            t.spoiled = True
+        t.answers += 1
+        if reported is None:
+            t.estimated += estimated
+            t.unreported += 1
+        else:
+            t.reported += reported
+
+    def spoil(self, instance: str) -> None:
+        """A request to ``instance`` ended badly: what the engine counted for it is unknown."""
+        window = self._windows.get(instance)
+        if window is not None:
+            window.tally.spoiled = True
+
+    def scraped(self, instance: str, tokens: float | None, requests: float | None) -> WindowSample | None:
+        """The engine's answered-prompt counters at a scrape; a sample when a window closed fit to learn from."""
+        if tokens is None or requests is None:
+            self._windows.pop(instance, None)
+            return None
+        window = self._windows.get(instance)
+        if window is None or tokens < window.tokens or requests < window.requests:  # first read, or a restart
+            self._start(instance, tokens, requests)
+            return None
+        t = window.tally
+        scrapes = self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
+        finished = requests - window.requests
+        if t.spoiled or finished > t.answers + max(1, t.answers // 10):  # not ours alone: drop, start over
+            self.dropped += 1
+            self._start(instance, tokens, requests)
+            return None
+        if t.unreported < self._min:
+            if scrapes >= self._max_scrapes:
+                self._start(instance, tokens, requests)
+            return None
+        self._start(instance, tokens, requests)
+        if abs(finished - t.answers) > max(1, t.answers // 10) or t.model is None:
+            self.dropped += 1
+            return None
+        theirs = tokens - window.tokens - t.reported  # the engine's count of the answers without usage
+        if theirs <= 0 or t.estimated <= 0:
+            return None
+        return WindowSample(t.model, t.estimated, round(theirs), t.unreported)
+
+    def _start(self, instance: str, tokens: float, requests: float) -> None:
+        self._windows[instance] = _Window(tokens, requests, _Tally())
+        self._scrapes[instance] = 0
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def retain(self, instances: set[str]) -> None:
+        """Forget instances that left the pool."""
+        for gone in [i for i in self._windows if i not in instances]:
+            del self._windows[gone]
+            self._scrapes.pop(gone, None)

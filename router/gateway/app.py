@@ -134,6 +134,7 @@ def create_app(config: RouterConfig, store: StateStore | None = None, hooks: Seq
                 current = service.config
                 service.calibration.observe_engine(instance_id, sample, current.policy.ttft, current.engines.calibration)
             poller.on_prefill = engine_prefill
+            poller.on_reading = service.token_ratio.scraped  # streams without usage teach the token ratio
             app.state.live = Live(config, pool, store, checker, app.state.service, metrics, live or LiveOptions(),
                                   make_policy=make_policy)
             await app.state.live.start()

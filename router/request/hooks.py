@@ -14,7 +14,8 @@ from router.config.model import RouterConfig, TTFTWeights
 from router.core.instances import Instance, InstancePool
 from router.core.metrics import Metrics
 from router.engines.prefill_rate import PrefillSample
-from router.engines.token_ratio import TokenRatio
+from router.engines.readings import EngineReading
+from router.engines.token_ratio import PromptCountWindows, TokenRatio
 from router.request.admission import Admission
 from router.request.lifecycle import Abandon, Attempt, Hook
 from router.scheduling.calibration import Calibrator, calibration_key, queued_share
@@ -203,8 +204,11 @@ class TokenRatioHook(Hook):
     """The engine's own prompt token count against the router's estimate, at each answer that
     reports one: per model, how many engine tokens one estimated token is (character keys
     only), and with it each instance's cache in the router's tokens (residency entries, KV
-    room: router/engines/token_ratio.py says why). Applied to every instance serving the model
-    when the ratio has moved 5% since it was last applied, and to instances that joined since."""
+    room: router/engines/token_ratio.py says why). Answers without usage (streams that did
+    not ask for it) are learned from through the engines' own counters, a window at a time
+    (``scraped``, fed by the engine poller: token_ratio.PromptCountWindows). Applied to every
+    instance serving the model when the ratio has moved 5% since it was last applied, and to
+    instances that joined since."""
 
     _MODELS = 64  # models learned at most (only served models reach here: admission refused the rest)
 
@@ -212,30 +216,56 @@ class TokenRatioHook(Hook):
                  metrics: Metrics) -> None:
         self.config, self.pool, self.store, self.admission, self.metrics = config, pool, store, admission, metrics
         self.ratios: dict[str, TokenRatio] = {}
+        self.windows = PromptCountWindows()
         self._applied: dict[str, tuple[float, int]] = {}  # model -> (ratio applied, pool version then)
+
+    def _learning(self) -> bool:
+        if self.config.engines.learn_token_ratio and self.config.hashing.mode == "chars":
+            return True
+        if self.ratios:  # turned off while running: back to the estimate taken as exact
+            self.ratios.clear()
+            self._applied.clear()
+            self._apply(list(self.pool), 1.0)
+        return False
 
     async def end(self, attempt: Attempt, outcome: Outcome) -> None:
         reported, estimated = attempt.reported_prompt_tokens, attempt.estimated_prompt_tokens
-        if reported is None or estimated is None or outcome != "ok":
+        if estimated is None or not self._learning():
             return
-        if not self.config.engines.learn_token_ratio or self.config.hashing.mode != "chars":
-            if self.ratios:  # turned off while running: back to the estimate taken as exact
-                self.ratios.clear()
-                self._applied.clear()
-                self._apply(list(self.pool), 1.0)
+        if outcome != "ok":
+            self.windows.spoil(attempt.instance.id)
             return
-        ratio = self.ratios.get(attempt.model)
+        self.windows.answered(attempt.instance.id, attempt.model, estimated, reported)
+        if reported is not None:
+            self._learn(attempt.model, estimated, reported, 1)
+
+    async def abandon(self, attempt: Attempt, why: Abandon) -> None:
+        if why.kind != "passed" or not why.reason.startswith("http_4"):  # an engine's 4xx never ran the prompt
+            self.windows.spoil(why.instance)
+
+    def scraped(self, instance_id: str, reading: EngineReading) -> None:
+        """A scrape of ``instance_id`` (the engine poller): a window of answers without usage may close."""
+        if not self._learning():
+            return
+        sample = self.windows.scraped(instance_id, reading.answered_prompt_tokens, reading.answered_requests)
+        if len(self.windows) > len(self.pool) + 16:
+            self.windows.retain({i.id for i in self.pool})
+        if sample is not None:
+            self._learn(sample.model, sample.estimated, sample.reported, sample.answers)
+
+    def _learn(self, model: str, estimated: int, reported: int, answers: int) -> None:
+        ratio = self.ratios.get(model)
         if ratio is None:
             if len(self.ratios) >= self._MODELS:
                 return
-            ratio = self.ratios[attempt.model] = TokenRatio()
-        ratio.observe(estimated, reported)
+            ratio = self.ratios[model] = TokenRatio()
+        ratio.observe(estimated, reported, answers)
         value = ratio.ratio
-        applied, version = self._applied.get(attempt.model, (1.0, -1))
+        applied, version = self._applied.get(model, (1.0, -1))
         if abs(value / applied - 1.0) < 0.05 and version == self.pool.version:
             return
-        self._applied[attempt.model] = (value, self.pool.version)
-        self._apply(self.admission.usable(list(self.pool), attempt.model), value)
+        self._applied[model] = (value, self.pool.version)
+        self._apply(self.admission.usable(list(self.pool), model), value)
 
     def _apply(self, instances: list[Instance], value: float) -> None:
         for inst in instances:

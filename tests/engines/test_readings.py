@@ -145,3 +145,12 @@ sglang:time_per_output_token_seconds_count{model_name="m"} 50.0
     assert (parse_metrics(text.replace("vllm:time_per", "x:y")).itl_s,
             parse_metrics(text.replace("vllm:time_per", "x:y")).itl_tokens) == (1.0, 50.0)
     assert parse_metrics("vllm:num_requests_running 1\n").itl_s is None
+
+
+def test_the_prompts_of_finished_requests_as_each_engine_counts_them() -> None:
+    r = parse_metrics(REAL)  # vLLM 0.32: the request_prompt_tokens histogram, observed as each request ends
+    assert (r.answered_prompt_tokens, r.answered_requests) == (18776, 20) == (r.prompt_tokens, r.finished)
+    # SGLang counts prompt tokens and requests together at each request's end; one without the other is no pair
+    text = 'sglang:prompt_tokens_total{model_name="m"} 300.0\nsglang:num_requests_total{model_name="m"} 3.0\n'
+    assert (parse_metrics(text).answered_prompt_tokens, parse_metrics(text).answered_requests) == (300, 3)
+    assert parse_metrics(SGLANG).answered_requests is None  # its prompt counter alone

@@ -5,6 +5,7 @@ tokens its estimate is, and the engine's cache is re-expressed in the router's t
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -71,7 +72,7 @@ def test_the_engines_prompt_counts_convert_its_cache_into_the_routers_tokens() -
         assert app.state.store._caps["e0"] < config.residency_cap(app.state.pool.get("e0").config)
         metrics = httpx.get(f"{url}/metrics").text
         assert f'pd_router_engine_token_ratio{{engine="e0"}} {doc["token_ratio"]}' in metrics
-        # a stream that does not ask for usage says nothing; neither does an engine's error answer
+        # a stream that does not ask for usage carries no count (the engine's own counts teach it: the tests below); nor does an engine's error answer
         with httpx.stream("POST", f"{url}/v1/completions", json={"model": "tiny", "prompt": prompt(99), "max_tokens": 2,
                                                                   "stream": True}) as r:
             r.read()
@@ -97,3 +98,54 @@ def test_off_or_with_token_keys_the_estimate_is_taken_as_exact() -> None:
         for i in range(20):
             assert httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [7 + i] * 300, "max_tokens": 2}).status_code == 200
         assert app.state.service.token_ratio.ratios == {}
+
+
+def stream_without_usage(url: str, i: int) -> None:
+    body = {"model": "tiny", "prompt": prompt(i), "max_tokens": 2, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+        raw = b"".join(r.iter_raw())
+    assert r.status_code == 200 and b'"prompt_tokens"' not in raw and raw.endswith(b"data: [DONE]\n\n")
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_streams_without_usage_teach_the_ratio_through_the_engines_own_counts() -> None:
+    """A front-end that only streams and never asks for usage: the engine's count of the prompts
+    it finished, a scrape window at a time, is set against the router's estimates of them."""
+    tokenizer = Tokenizer()
+    with routed(engines={"metrics_interval_s": 0.1}) as (url, _, app):
+        hook = app.state.service.token_ratio
+        estimated = reported = 0
+        for i in range(48):
+            stream_without_usage(url, i)
+            body = {"model": "tiny", "prompt": prompt(i), "max_tokens": 2, "stream": True}
+            estimated += parse_body(json.dumps(body).encode(), "completions", 4.0).prompt_tokens
+            reported += len(tokenizer.encode(prompt(i)))
+        wait_for(lambda: "tiny" in hook.ratios and hook.ratios["tiny"].answers >= 32)  # the last window may stay open
+        truth = reported / estimated
+        assert truth > 1.5
+        doc = instance(url)
+        assert abs(doc["token_ratio"] / truth - 1) < 0.05, (doc["token_ratio"], truth)
+        assert doc["cache_tokens"] == round(8192 / doc["token_ratio"])
+
+
+def test_requests_that_reach_the_engine_around_the_router_teach_nothing() -> None:
+    """Someone else's requests are in the engine's count, not in the router's estimates: every
+    window they fall in is dropped rather than read as a denser tokenizer."""
+    with routed(engines={"metrics_interval_s": 0.1}) as (url, config, app):
+        hook = app.state.service.token_ratio
+        engine = config.instances[0].url
+        for i in range(48):
+            stream_without_usage(url, i)
+            if i % 2:  # straight to the engine, as another router would send it
+                assert httpx.post(f"{engine}/v1/completions", json={"model": "tiny", "prompt": prompt(100 + i),
+                                                                    "max_tokens": 2}).status_code == 200
+                time.sleep(0.05)
+        wait_for(lambda: hook.windows.dropped >= 3)
+        assert "tiny" not in hook.ratios or hook.ratios["tiny"].answers == 0
+        assert instance(url)["token_ratio"] == 1.0

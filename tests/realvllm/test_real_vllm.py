@@ -7,6 +7,7 @@ prefix-cache counters, and their KV-event wire format.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from kv_frames import FrameRecorder, decode, events, save
-from vllm_rig import AUTH, NUM_BLOCKS, series, total
+from vllm_rig import AUTH, NUM_BLOCKS, TOKEN, series, total
 from router.tools.realvllm import VllmEngine
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -230,3 +231,38 @@ def test_kv_events_wire_format(engines: list[VllmEngine], client: httpx.Client) 
                         "prompts, which overflow the 64-block cache and evict"),
             "frame": "[topic, 8-byte big-endian seq, msgpack payload]; payload_b64 is the payload as received",
         })
+
+
+def test_streams_without_usage_teach_the_token_ratio_from_the_engines_counts(engines: list[VllmEngine],
+                                                                             client: httpx.Client) -> None:
+    """A router of its own in front of one real engine, sent nothing but streams that do not ask
+    for usage: the engine's ``vllm:request_prompt_tokens`` counts of the prompts it finished,
+    window by window, against the router's estimates, give the ratio the engine's tokenizer makes."""
+    from router.config.model import load_config
+    from router.gateway.app import create_app
+    from router.request.prompt import parse_body
+    from servers import serve_app
+
+    engine = engines[1]
+    config = load_config(overrides={"instances": [{"url": engine.url, "name": "solo"}],
+                                    "server": {"admin_token": TOKEN}, "health": {"interval_s": 2},
+                                    "engines": {"metrics_interval_s": 0.2, "timeout_s": 10}})
+    words = "Das Ergebnis der Prüfung für Kontoführung und Rückerstattung; " * 12  # bytes-heavy for a small vocabulary
+    before = total(client, engine, "vllm:request_prompt_tokens_sum")
+    estimated = 0
+    with serve_app(create_app(config)) as url:
+        ratio = 1.0
+        deadline = time.monotonic() + 90
+        i = 0
+        while i < 24 or ratio == 1.0:
+            body = {"model": "tiny", "prompt": f"{i}: {words}", "max_tokens": 1, "stream": True}
+            with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+                raw = b"".join(r.iter_raw())
+            assert r.status_code == 200 and b'"prompt_tokens"' not in raw
+            estimated += parse_body(json.dumps(body).encode(), "completions", 4.0).prompt_tokens
+            i += 1
+            ratio = client.get(f"{url}/debug/instances", headers=AUTH).json()["instances"][0]["token_ratio"]
+            assert time.monotonic() < deadline, "no token ratio learned from streams without usage"
+    truth = (total(client, engine, "vllm:request_prompt_tokens_sum") - before) / estimated
+    assert abs(truth - 1) > 0.1  # this text is not 4 characters a token for the engine
+    assert abs(ratio / truth - 1) < 0.15, (ratio, truth)

@@ -169,15 +169,18 @@ class EngineMetrics:
             self._computed = Histogram("vllm:request_prefill_kv_computed_tokens",
                                        "KV tokens computed during prefill (cached, transferred and loaded excluded).",
                                        labelnames=names, buckets=_TOKEN_BUCKETS, registry=self.registry).labels(*values)
+            self._prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                     labelnames=names, buckets=_TOKEN_BUCKETS, registry=self.registry).labels(*values)
 
     def observe_queue(self, seconds: float) -> None:
         self._queue.observe(seconds)
 
-    def observe_prefill(self, seconds: float, computed_tokens: int) -> None:
-        """A finished request's prefill phase (vLLM only: SGLang exports no such histogram)."""
+    def observe_prefill(self, seconds: float, computed_tokens: int, prompt_tokens: int) -> None:
+        """A finished request's prefill phase and prompt (vLLM only: SGLang exports no such histograms)."""
         if self._flavor == "vllm":
             self._prefill.observe(seconds)
             self._computed.observe(computed_tokens)
+            self._prompt.observe(prompt_tokens)
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

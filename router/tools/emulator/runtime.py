@@ -185,7 +185,8 @@ class EmulatorRuntime:
             scale = self.config.time_scale
             self.metrics.observe_queue((r.schedule_time - r.arrival_time) * scale)
             present = r.num_cached + r.num_transferred + r.num_loaded
-            self.metrics.observe_prefill((r.first_token_time - r.schedule_time) * scale, max(0, r.prompt_len - present))
+            self.metrics.observe_prefill((r.first_token_time - r.schedule_time) * scale, max(0, r.prompt_len - present),
+                                         r.prompt_len)
         e2e = (r.finish_time - r.arrival_time) if r.finish_time is not None else None
         self.stats.record(FinishedRecord(
             request_id=r.request_id, client_request_id=r.tag, prompt_tokens=r.prompt_len,
