@@ -20,7 +20,7 @@ prompt's length), used once ``min_requests`` answers are in, and bounded to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_RATIO = 0.1
 MAX_RATIO = 10.0
@@ -104,7 +104,8 @@ class _Tally:
 class _Window:
     tokens: float  # the engine's answered-prompt counters at the window's start
     requests: float
-    tally: _Tally
+    tally: _Tally = field(default_factory=_Tally)
+    scrapes: int = 0  # since it started
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,6 @@ class PromptCountWindows:
         self._min = min_answers
         self._max_scrapes = max_scrapes
         self._windows: dict[str, _Window] = {}
-        self._scrapes: dict[str, int] = {}
         self.dropped = 0  # windows that were not the router's alone (for tests and /debug)
 
     def answered(self, instance: str, model: str, estimated: int, reported: int | None) -> None:
@@ -174,20 +174,20 @@ class PromptCountWindows:
             return None
         window = self._windows.get(instance)
         if window is None or tokens < window.tokens or requests < window.requests:  # first read, or a restart
-            self._start(instance, tokens, requests)
+            self._windows[instance] = _Window(tokens, requests)
             return None
         t = window.tally
-        scrapes = self._scrapes[instance] = self._scrapes.get(instance, 0) + 1
+        window.scrapes += 1
         finished = requests - window.requests
         if t.spoiled or finished > t.answers + max(1, t.answers // 10):  # not ours alone: drop, start over
             self.dropped += 1
-            self._start(instance, tokens, requests)
+            self._windows[instance] = _Window(tokens, requests)
             return None
         if t.unreported < self._min:
-            if scrapes >= self._max_scrapes:
-                self._start(instance, tokens, requests)
+            if window.scrapes >= self._max_scrapes:
+                self._windows[instance] = _Window(tokens, requests)
             return None
-        self._start(instance, tokens, requests)
+        self._windows[instance] = _Window(tokens, requests)
         if abs(finished - t.answers) > max(1, t.answers // 10) or t.model is None:
             self.dropped += 1
             return None
@@ -196,10 +196,6 @@ class PromptCountWindows:
             return None
         return WindowSample(t.model, t.estimated, round(theirs), t.unreported)
 
-    def _start(self, instance: str, tokens: float, requests: float) -> None:
-        self._windows[instance] = _Window(tokens, requests, _Tally())
-        self._scrapes[instance] = 0
-
     def __len__(self) -> int:
         return len(self._windows)
 
@@ -207,4 +203,3 @@ class PromptCountWindows:
         """Forget instances that left the pool."""
         for gone in [i for i in self._windows if i not in instances]:
             del self._windows[gone]
-            self._scrapes.pop(gone, None)

@@ -149,3 +149,13 @@ def test_requests_that_reach_the_engine_around_the_router_teach_nothing() -> Non
         wait_for(lambda: hook.windows.dropped >= 3)
         assert "tiny" not in hook.ratios or hook.ratios["tiny"].answers == 0
         assert instance(url)["token_ratio"] == 1.0
+
+
+def test_windows_of_instances_that_left_are_forgotten() -> None:
+    from router.engines.readings import EngineReading
+
+    with routed() as (_, _, app):
+        hook = app.state.service.token_ratio
+        for i in range(40):  # instances scraped once and gone (discovery churn)
+            hook.scraped(f"gone-{i}", EngineReading(answered_prompt_tokens=10.0, answered_requests=1.0))
+        assert len(hook.windows) <= len(app.state.pool) + 17
