@@ -166,7 +166,12 @@ class Metrics:
             multiprocess_mode="livemostrecent")
         self.token_ratio = PlainGauge(
             "pd_router_engine_token_ratio", "Engine tokens per router-estimated token, learned from answers' usage "
-            "(character keys; set once measured)", ["engine"], multiprocess_mode="livemostrecent")
+            "and the engines' prompt counts (character keys; set once measured)", ["engine"],
+            multiprocess_mode="livemostrecent")
+        self.token_windows = PlainCounter(
+            "pd_router_token_ratio_windows", "Scrape windows of answers without usage set against the engine's own "
+            "prompt count, by result: learned, or dropped (requests the router did not send, another model, a "
+            "request that ended badly)", ["engine", "result"])
         self.pd_failures = PlainCounter(
             "pd_router_pd_failures", "Prefill legs that failed and what the router did about it", ["engine", "action"])
         self._store_read = store_counters
@@ -195,7 +200,7 @@ class Metrics:
         return (self.requests, self.latency, self.ttfb, self.decisions, self.cached_ratio, self.predicted_cached,
                 self.routed_prompt, self.inflight, self.healthy, self.retries, self.rejected, self.api_key_requests,
                 self.continuations, self.standby_warms, self.ejections, self.store_latency, self.modes,
-                self.estimate_ratio, self.calibration, self.token_ratio, self.pd_failures)
+                self.estimate_ratio, self.calibration, self.token_ratio, self.token_windows, self.pd_failures)
 
     def forget_engine(self, engine: str) -> None:
         """Drop the series of an engine that left the pool (discovery, admin API), so that its
@@ -214,7 +219,7 @@ class Metrics:
         """The metrics labelled by ``engine`` (a test checks that none is missing)."""
         return (self.requests, self.latency, self.ttfb, self.cached_ratio, self.predicted_cached, self.routed_prompt,
                 self.inflight, self.healthy, self.retries, self.ejections, self.calibration, self.token_ratio,
-                self.pd_failures)
+                self.token_windows, self.pd_failures)
 
     def exposition(self) -> bytes:
         """What /metrics serves (in multiprocess mode, this worker's samples copied out first)."""

@@ -247,10 +247,14 @@ class TokenRatioHook(Hook):
         """A scrape of ``instance_id`` (the engine poller): a window of answers without usage may close."""
         if not self._learning():
             return
+        dropped = self.windows.dropped
         sample = self.windows.scraped(instance_id, reading.answered_prompt_tokens, reading.answered_requests)
         if len(self.windows) > len(self.pool) + 16:
             self.windows.retain({i.id for i in self.pool})
+        if self.windows.dropped != dropped:
+            self.metrics.token_windows.labels(instance_id, "dropped").inc()
         if sample is not None:
+            self.metrics.token_windows.labels(instance_id, "learned").inc()
             self._learn(sample.model, sample.estimated, sample.reported, sample.answers)
 
     def _learn(self, model: str, estimated: int, reported: int, answers: int) -> None:

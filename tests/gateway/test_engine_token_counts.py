@@ -132,6 +132,8 @@ def test_streams_without_usage_teach_the_ratio_through_the_engines_own_counts() 
         doc = instance(url)
         assert abs(doc["token_ratio"] / truth - 1) < 0.05, (doc["token_ratio"], truth)
         assert doc["cache_tokens"] == round(8192 / doc["token_ratio"])
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'pd_router_token_ratio_windows_total{engine="e0",result="learned"}' in metrics
 
 
 def test_requests_that_reach_the_engine_around_the_router_teach_nothing() -> None:
@@ -149,6 +151,9 @@ def test_requests_that_reach_the_engine_around_the_router_teach_nothing() -> Non
         wait_for(lambda: hook.windows.dropped >= 3)
         assert "tiny" not in hook.ratios or hook.ratios["tiny"].answers == 0
         assert instance(url)["token_ratio"] == 1.0
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'pd_router_token_ratio_windows_total{engine="e0",result="dropped"}' in metrics
+        assert 'result="learned"' not in metrics
 
 
 def test_windows_of_instances_that_left_are_forgotten() -> None:
