@@ -1,12 +1,11 @@
 """PD decode steps believed against the engines' own, on engines drawn at random (replay, virtual time).
 
-    python loadtests/pd_decode_step.py [--cells N] [--seed S] [--write]
+    python loadtests/pd_decode_step.py [--cells N] [--seed S] [--hetero N] [--write]
 
 Each cell draws an engine profile (llama3-8b-h100 or llama3-70b-h100x4), a slowdown (0.5-2.0),
 a pool of 2-4 prefill and 2-4 decode instances and a workload (multi-turn chat with 2K-token
 system prompts, or long-context chat: 8K system prompts, 1K-token turns, 512-token answers),
-from ``--seed``. Four routers on the same
-engines: told the engines' decode step model (``pd.decode_step_*`` fitted to the profile) or
+from ``--seed``. Four routers on the same engines: told the engines' decode step model (``pd.decode_step_*`` fitted to the profile) or
 left on the config's defaults, each with and without the step measured from the engines'
 inter-token latency (``engines.decode_step``; pd_cost.decode_step_seconds scales the model by
 measured / model-at-the-measured-batch).
@@ -15,8 +14,15 @@ measured / model-at-the-measured-batch).
 at its engine's current batch (running requests, KV in use) is set against the mean
 inter-token latency its engine's tokens saw over the next second; the figure is
 |believed / seen - 1| at p50 and p90 over those pairs, and at p90 over the pairs after the
-first 10 s (a measured belief needs a window of ``min_window_s`` and ``min_tokens`` first). TTFT p90 and decode TBT p99 show whether
-the belief moves the routes.
+first 10 s (a measured belief needs a window of ``min_window_s`` and ``min_tokens`` first).
+TTFT p90 and decode TBT p99 show whether the belief moves the routes.
+
+``--hetero N`` adds N cells whose decode pool is not uniform: one or two decode instances step
+1.5-3x slower again (older GPUs, a degraded instance), which no config states, and the TBT
+target (``pd.tbt_target_s``, the operator's SLO) is drawn in 0.05-0.2 s. There the TBT filter
+decides: "steps over target" is the share of decode steps (one per running decode per engine
+step) longer than the cell's target, "on slow D" the share of decoded requests the slow
+instances took.
 """
 
 from __future__ import annotations
@@ -58,16 +64,31 @@ class Cell:
     prefill: int
     decode: int
     workload: str  # "chat" or "long"
+    slow_decodes: tuple[float, ...] = ()  # d0, d1, ... this much slower again
+    tbt_target_s: float | None = None
 
     def __str__(self) -> str:
         short = "8b" if "8b" in self.profile else "70b x4"
-        return f"{short} x{self.slowdown:.2f} {self.prefill}P+{self.decode}D {self.workload}"
+        extra = ""
+        if self.slow_decodes:
+            extra = f", {'/'.join(f'{s:.1f}' for s in self.slow_decodes)}x slower D, TBT target {self.tbt_target_s:.2f} s"
+        return f"{short} x{self.slowdown:.2f} {self.prefill}P+{self.decode}D {self.workload}{extra}"
 
 
 def draw(n: int, seed: int) -> list[Cell]:
     rng = random.Random(seed)
     return [Cell(rng.choice(("llama3-8b-h100", "llama3-70b-h100x4")), round(rng.uniform(0.5, 2.0), 2),
                  rng.randint(2, 4), rng.randint(2, 4), rng.choice(("chat", "long"))) for _ in range(n)]
+
+
+def draw_hetero(n: int, seed: int) -> list[Cell]:
+    rng = random.Random(seed * 1000 + 1)
+    cells = []
+    for _ in range(n):
+        slow = tuple(round(rng.uniform(1.5, 3.0), 1) for _ in range(rng.randint(1, 2)))
+        cells.append(Cell(rng.choice(("llama3-8b-h100", "llama3-70b-h100x4")), round(rng.uniform(0.5, 2.0), 2),
+                          rng.randint(2, 4), rng.randint(3, 4), "chat", slow, round(rng.uniform(0.05, 0.2), 3)))
+    return cells
 
 
 def trace_for(cell: Cell, seed: int) -> Trace:
@@ -123,11 +144,14 @@ class Result:
     ttft_p90: float
     tbt_p99: float
     pairs: int
+    over_target: float = math.nan  # share of decode steps longer than the cell's TBT target
+    on_slow: float = math.nan  # share of decoded requests on the slowed decode instances
 
 
 def run(cell: Cell, seed: int, told: bool, measured: bool) -> Result:
     spec = ClusterSpec(prefill=cell.prefill, decode=cell.decode, profile=cell.profile, slowdown=cell.slowdown,
-                       decode_steps_told=told, decode_step_measured=measured)
+                       decode_steps_told=told, decode_step_measured=measured, decode_slowdowns=cell.slow_decodes,
+                       tbt_target_s=cell.tbt_target_s)
     sim = Simulation(trace_for(cell, seed), spec, policy_for("ttft", spec, 0))
     sampler = StepSampler(sim)
     arrive = sim._arrive
@@ -141,16 +165,41 @@ def run(cell: Cell, seed: int, told: bool, measured: bool) -> Result:
     ttft = [f - a for f, a in zip(rec.first_token, rec.arrival) if not math.isnan(f)]
     errors = [abs(r - 1) for r in sampler.ratios]
     late = [abs(r - 1) for r in sampler.late]
+    target = spec.pd_config().tbt_target_s
+    steps = sum(rec.tbt_hist.values())
+    over = sum(n for k, n in rec.tbt_hist.items() if k * TBT_BIN_S > target) / steps if steps else math.nan
+    slow = {f"d{i}" for i in range(len(cell.slow_decodes))}
+    decoded = [d for d in rec.instance if d]
+    on_slow = sum(1 for d in decoded if d in slow) / len(decoded) if decoded else math.nan
     return Result(percentile(errors, 50) if errors else math.nan, percentile(errors, 90) if errors else math.nan,
                   percentile(late, 90) if late else math.nan,
                   statistics.median(sampler.ratios) if sampler.ratios else math.nan,
-                  percentile(ttft, 90), hist_percentile(rec.tbt_hist, 99, TBT_BIN_S), len(errors))
+                  percentile(ttft, 90), hist_percentile(rec.tbt_hist, 99, TBT_BIN_S), len(errors), over, on_slow)
+
+
+def hetero_table(cells: list[Cell], seed: int) -> str:
+    """The heterogeneous cells: does the belief move the routes where the TBT filter decides?"""
+    rows: list[list[object]] = []
+    over: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    for i, cell in enumerate(cells):
+        for label, told, measured in VARIANTS:
+            r = run(cell, seed + 100 + i, told, measured)
+            over[label].append(r.over_target)
+            rows.append([str(cell), label, f"{r.err_p90:.2f}", f"{r.over_target:.2%}", f"{r.on_slow:.0%}",
+                         f"{r.tbt_p99 * 1000:.1f}", f"{r.ttft_p90:.3f}"])
+            print(" | ".join(map(str, rows[-1])), flush=True)
+    summary = "Median over the cells of the share of decode steps over the TBT target: " + ", ".join(
+        f"{label} {statistics.median(v):.2%}" for label, v in over.items() if v) + "."
+    print(summary)
+    return table(["cell", "router", "step error p90", "steps over target", "on slow D", "TBT p99 ms", "TTFT p90 s"],
+                 rows) + "\n\n" + summary
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cells", type=int, default=8)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--hetero", type=int, default=0, metavar="N", help="also N cells with slower decode instances")
     p.add_argument("--section", default=SECTION)
     p.add_argument("--write", action="store_true")
     args = p.parse_args()
@@ -172,9 +221,11 @@ def main() -> int:
     body = (__doc__.split("\n\n", 2)[2].strip() + "\n\n"
             + table(["cell", "router", "step error p50", "step error p90", "p90 after 10 s", "believed / seen, median", "TTFT p90 s",
                      "TBT p99 ms", "pairs"], rows) + "\n\n" + summary)
+    if args.hetero:
+        body += "\n\nDecode pools with slower instances:\n\n" + hetero_table(draw_hetero(args.hetero, args.seed), args.seed)
     if args.write:
-        write_section(args.section, f"python loadtests/pd_decode_step.py --cells {args.cells} --seed {args.seed} --write",
-                      body)
+        write_section(args.section, f"python loadtests/pd_decode_step.py --cells {args.cells} --seed {args.seed}"
+                      + (f" --hetero {args.hetero}" if args.hetero else "") + " --write", body)
     return 0
 
 

@@ -59,6 +59,9 @@ class ClusterSpec:
     max_batched_tokens: int | None = None  # the engines' step budget; None = the profile's
     decode_step_measured: bool = True  # the router reads each engine's inter-token latency (engines.decode_step)
     decode_steps_told: bool = True  # PD: the router is told the engines' decode step model; False = the config's
+    # decode instances d0, d1, ... step this many times slower again (older GPUs, a degraded instance); never told
+    decode_slowdowns: tuple[float, ...] = ()
+    tbt_target_s: float | None = None  # pd.tbt_target_s the router is given; None = the config's default
 
     def __post_init__(self) -> None:
         if min(self.prefill, self.decode, self.mixed) < 0:
@@ -69,6 +72,8 @@ class ClusterSpec:
             raise ValueError("need at least one decode or mixed instance to answer requests")
         if self.slowdown <= 0:
             raise ValueError("slowdown must be > 0")
+        if any(not s > 0 for s in self.decode_slowdowns):
+            raise ValueError("decode_slowdowns must be > 0")
         if self.store_tokens is not None and (self.store_tokens < 16 or self.store_gbps <= 0):
             raise ValueError("a store needs at least one block and a bandwidth > 0")
 
@@ -141,6 +146,7 @@ class ClusterSpec:
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
             decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],
+            **({"tbt_target_s": self.tbt_target_s} if self.tbt_target_s is not None else {}),
         )
 
 
@@ -182,5 +188,8 @@ def build_cluster(spec: ClusterSpec) -> list[Node]:
                 kv_bytes_per_token=spec.kv_bytes_per_token(),
                 standalone=not (emu.flavor == "sglang" and role == "decode"),
             )
-            nodes.append(Node(len(nodes), candidate, Engine(config, profile)))
+            engine = Engine(config, profile)
+            if role == "decode" and i < len(spec.decode_slowdowns):
+                engine.time_multiplier *= spec.decode_slowdowns[i]
+            nodes.append(Node(len(nodes), candidate, engine))
     return nodes

@@ -66,3 +66,20 @@ def test_a_pd_decode_instance_is_priced_at_its_engines_speed_on_the_configured_s
         unmeasured = dataclasses.replace(cand, decode_step_s=None, decode_step_batch=None)
         assert decode_step_seconds(View(unmeasured, 0, at, None, None, 1.0), pd) < 0.5 * seen
         assert decode_step_seconds(View(cand, 0, at, None, None, 1.0), pd) == pytest.approx(seen, rel=0.3)
+
+
+def test_a_slower_decode_instance_is_measured_slower_and_never_told():
+    from router.tools.replay.cluster import build_cluster
+
+    spec = ClusterSpec(prefill=1, decode=2, slowdown=1.5, decode_slowdowns=(2.5,), tbt_target_s=0.07)
+    nodes = build_cluster(spec)
+    assert [n.engine.time_multiplier for n in nodes] == [1.5, 1.5 * 2.5, 1.5]
+    assert spec.pd_config().tbt_target_s == 0.07 and ClusterSpec(prefill=1, decode=1).pd_config().tbt_target_s == 0.1
+    with pytest.raises(ValueError):
+        ClusterSpec(decode=1, decode_slowdowns=(0.0,))
+    trace = generate("multi_turn:sessions=24,turns=3,rate=4,think=1,system=1024,user=300,output=128", 5)
+    sim = Simulation(trace, spec, policy_for("ttft", spec, 0))
+    sim.run()
+    d0, d1 = (c for c in sim._candidates if c.role == "decode")
+    assert d0.decode_step_s is not None and d1.decode_step_s is not None
+    assert d0.decode_step_s > 1.8 * d1.decode_step_s  # the slow one is seen as slow; the config says nothing of it
