@@ -146,7 +146,7 @@ class ClusterSpec:
             decode_step_base_s=t["decode_step_base_s"],
             decode_step_per_request_s=t["decode_step_per_request_s"],
             decode_step_per_kv_token_s=t["decode_step_per_kv_token_s"],
-            **({"tbt_target_s": self.tbt_target_s} if self.tbt_target_s is not None else {}),
+            tbt_target_s=self.tbt_target_s if self.tbt_target_s is not None else PDConfig().tbt_target_s,
         )
 
 
