@@ -38,7 +38,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtests.report import table, write_section
-from router.scheduling.framework import View
+from router.config.model import PolicyConfig
+from router.scheduling import build_policy
+from router.scheduling.framework import Policy, View
 from router.scheduling.pd_cost import decode_step_seconds
 from router.state.base import Load
 from router.tools.replay.cluster import ClusterSpec
@@ -53,6 +55,9 @@ SECTION = "PD decode steps: the believed step against the engines' own, engines 
 # (label, router told the decode step model, step measured from the engines' inter-token latency)
 VARIANTS = (("told", True, False), ("told + measured", True, True),
             ("defaults", False, False), ("defaults + measured", False, True))
+# the heterogeneous cells add the pd_tbt scorer, weighed in beside pd_ttft (router/scheduling/pd.py)
+HETERO_VARIANTS = tuple((label, told, measured, 0.0) for label, told, measured in VARIANTS) + (
+    ("defaults + measured + pd_tbt 0.5", False, True, 0.5),)
 MIN_TOKENS = 32  # a second whose tokens are fewer than this says too little about the step
 WARM_S = 10.0
 
@@ -148,11 +153,23 @@ class Result:
     on_slow: float = math.nan  # share of decoded requests on the slowed decode instances
 
 
-def run(cell: Cell, seed: int, told: bool, measured: bool) -> Result:
+def policy(spec: ClusterSpec, tbt_weight: float) -> Policy:
+    """The ``ttft`` preset's PD pipeline, with the pd_tbt scorer weighed in when ``tbt_weight``."""
+    if not tbt_weight:
+        return policy_for("ttft", spec, 0)
+    config = PolicyConfig.model_validate({"seed": 0, "ttft": spec.ttft_weights()})
+    tol = config.ttft.tie_tolerance / (1 + config.ttft.tie_tolerance)  # as the preset's picker
+    config = PolicyConfig.model_validate({"seed": 0, "ttft": spec.ttft_weights(), "pipeline": {
+        "routes": "pd_pairs", "scorers": ["pd_ttft", {"name": "pd_tbt", "weight": tbt_weight}],
+        "picker": {"name": "max_score", "params": {"tolerance": tol}}}})
+    return build_policy(config, pd=spec.pd_config())
+
+
+def run(cell: Cell, seed: int, told: bool, measured: bool, tbt_weight: float = 0.0) -> Result:
     spec = ClusterSpec(prefill=cell.prefill, decode=cell.decode, profile=cell.profile, slowdown=cell.slowdown,
                        decode_steps_told=told, decode_step_measured=measured, decode_slowdowns=cell.slow_decodes,
                        tbt_target_s=cell.tbt_target_s)
-    sim = Simulation(trace_for(cell, seed), spec, policy_for("ttft", spec, 0))
+    sim = Simulation(trace_for(cell, seed), spec, policy(spec, tbt_weight))
     sampler = StepSampler(sim)
     arrive = sim._arrive
 
@@ -177,19 +194,34 @@ def run(cell: Cell, seed: int, told: bool, measured: bool) -> Result:
                   percentile(ttft, 90), hist_percentile(rec.tbt_hist, 99, TBT_BIN_S), len(errors), over, on_slow)
 
 
+def geomean(a: list[float], b: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(x / y) for x, y in zip(a, b)))
+
+
 def hetero_table(cells: list[Cell], seed: int) -> str:
     """The heterogeneous cells: does the belief move the routes where the TBT filter decides?"""
     rows: list[list[object]] = []
-    over: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    over: dict[str, list[float]] = {label: [] for label, *_ in HETERO_VARIANTS}
+    slow: dict[str, list[float]] = {label: [] for label, *_ in HETERO_VARIANTS}
+    tbt: dict[str, list[float]] = {label: [] for label, *_ in HETERO_VARIANTS}
+    ttft: dict[str, list[float]] = {label: [] for label, *_ in HETERO_VARIANTS}
     for i, cell in enumerate(cells):
-        for label, told, measured in VARIANTS:
-            r = run(cell, seed + 100 + i, told, measured)
+        for label, told, measured, weight in HETERO_VARIANTS:
+            r = run(cell, seed + 100 + i, told, measured, weight)
+            slow[label].append(r.on_slow)
+            tbt[label].append(r.tbt_p99)
+            ttft[label].append(r.ttft_p90)
             over[label].append(r.over_target)
             rows.append([str(cell), label, f"{r.err_p90:.2f}", f"{r.over_target:.2%}", f"{r.on_slow:.0%}",
                          f"{r.tbt_p99 * 1000:.1f}", f"{r.ttft_p90:.3f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
-    summary = "Median over the cells of the share of decode steps over the TBT target: " + ", ".join(
-        f"{label} {statistics.median(v):.2%}" for label, v in over.items() if v) + "."
+    base = "defaults + measured"
+    summary = ("Median over the cells of the share of decode steps over the TBT target: " + ", ".join(
+        f"{label} {statistics.median(v):.2%}" for label, v in over.items() if v) + ". Median share of requests on the "
+        "slow instances: " + ", ".join(f"{label} {statistics.median(v):.0%}" for label, v in slow.items() if v)
+        + ". With pd_tbt against without (defaults + measured), geometric mean over the cells: TBT p99 "
+        f"x{geomean(tbt['defaults + measured + pd_tbt 0.5'], tbt[base]):.2f}, TTFT p90 "
+        f"x{geomean(ttft['defaults + measured + pd_tbt 0.5'], ttft[base]):.2f}.")
     print(summary)
     return table(["cell", "router", "step error p90", "steps over target", "on slow D", "TBT p99 ms", "TTFT p90 s"],
                  rows) + "\n\n" + summary
@@ -206,9 +238,12 @@ def main() -> int:
     rows: list[list[object]] = []
     errors: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
     late: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
+    base: list[Result] = []  # defaults + measured, per cell: what pd_tbt is set against
     for i, cell in enumerate(draw(args.cells, args.seed)):
         for label, told, measured in VARIANTS:
             r = run(cell, args.seed + i, told, measured)
+            if (told, measured) == (False, True):
+                base.append(r)
             errors[label].append(r.err_p90)
             late[label].append(r.late_p90)
             rows.append([str(cell), label, f"{r.err_p50:.2f}", f"{r.err_p90:.2f}", f"{r.late_p90:.2f}", f"{r.ratio_p50:.2f}",
@@ -221,6 +256,13 @@ def main() -> int:
     body = (__doc__.split("\n\n", 2)[2].strip() + "\n\n"
             + table(["cell", "router", "step error p50", "step error p90", "p90 after 10 s", "believed / seen, median", "TTFT p90 s",
                      "TBT p99 ms", "pairs"], rows) + "\n\n" + summary)
+    if args.hetero and base:  # the same uniform cells with pd_tbt weighed in: what it costs where pools are alike
+        weighed = [run(cell, args.seed + i, False, True, 0.5) for i, cell in enumerate(draw(args.cells, args.seed))]
+        line = ("On these uniform pools, defaults + measured with pd_tbt 0.5 against without, geometric mean over the "
+                f"cells: TTFT p90 x{geomean([r.ttft_p90 for r in weighed], [r.ttft_p90 for r in base]):.2f}, TBT p99 "
+                f"x{geomean([r.tbt_p99 for r in weighed], [r.tbt_p99 for r in base]):.2f}.")
+        print(line)
+        body += "\n\n" + line
     if args.hetero:
         body += "\n\nDecode pools with slower instances:\n\n" + hetero_table(draw_hetero(args.hetero, args.seed), args.seed)
     if args.write:

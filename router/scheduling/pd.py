@@ -19,12 +19,12 @@ from router.core.errors import NoRoute
 from router.core.instances import Candidate
 from router.scheduling.cost import prefill_work
 from router.scheduling.framework import Decision, RouteCost, RouteRequest, View, route_key
-from router.scheduling.pd_cost import route_cost
+from router.scheduling.pd_cost import decode_step_seconds, route_cost
 from router.scheduling.pipeline import Pipeline
 from router.scheduling.registry import BuildContext, NoParams, plugin
 from router.state.base import Snapshot
 
-__all__ = ["NoRoute", "PDTTFTScorer", "TwoProfilePolicy"]
+__all__ = ["NoRoute", "PDTBTScorer", "PDTTFTScorer", "TwoProfilePolicy"]
 
 
 class PDTTFTScorer:
@@ -60,6 +60,31 @@ class PDTTFTScorer:
 def pd_ttft(params: NoParams, ctx: BuildContext) -> PDTTFTScorer:
     """best / estimated TTFT of the whole route, transfer and decode admission included (policy.ttft, pd.*)."""
     return PDTTFTScorer(ctx.policy.ttft, ctx.require_pd("pd_ttft"))
+
+
+class PDTBTScorer:
+    """best / this route's time between tokens: the step its decode instance would run with
+    this request added (pd_cost.decode_step_seconds: the engine's measured speed where it is
+    known). Not in the ``ttft`` preset: weigh it into a PD pipeline where decode instances
+    differ (GPU generations, a degraded instance). Below the TBT target nothing else tells
+    them apart, so a 3x slower instance keeps its share of requests and their tokens come 3x
+    slower (docs/benchmarks.md, "PD decode steps")."""
+
+    name = "pd_tbt"
+
+    def __init__(self, pd: PDConfig) -> None:
+        self._pd = pd
+
+    def score(self, req: RouteRequest, routes: Sequence[View]) -> list[float]:
+        steps = [decode_step_seconds(r, self._pd, 1, req.prompt_tokens) for r in routes]
+        best = min(steps)
+        return [best / s if s > 0 else 1.0 for s in steps]
+
+
+@plugin("scorer", "pd_tbt")
+def pd_tbt(params: NoParams, ctx: BuildContext) -> PDTBTScorer:
+    """best / this route's decode step on D with the request added, at the engine's measured speed (pd.*): prefers faster decode instances."""
+    return PDTBTScorer(ctx.require_pd("pd_tbt"))
 
 
 class TwoProfilePolicy:

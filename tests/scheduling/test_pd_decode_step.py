@@ -104,3 +104,26 @@ def test_the_wait_for_kv_room_on_d_runs_at_the_measured_step():
     w = TTFTWeights()
     assert (route_cost(req, view(slow, load), view(p, Load()), w, PD).step_s
             == route_cost(req, view(pure, load), view(p, Load()), w, PD).step_s)
+
+
+def test_the_pd_tbt_scorer_prefers_the_decode_instance_whose_engine_steps_faster():
+    """Two decode instances alike to the config, one measured 3x slower: the TTFT scorer alone
+    cannot tell them apart (the step is not a TTFT term), pd_tbt weighed in takes the faster."""
+    p = Candidate("p1", cache_tokens=100_000, prefill_tokens_per_s=10_000.0, role="prefill", compat=COMPAT)
+    slow = decode(decode_step_s=0.063, decode_step_batch=10.0, decode_step_kv_share=0.1)  # 3x the model there
+    fast = dataclasses.replace(decode(), id="d2")
+    cands = [p, slow, fast]
+    loads = {"d1": Load(10, 0, 10_000, 0), "d2": Load(10, 0, 10_000, 0)}
+    snap = Snapshot({c.id: 0 for c in cands}, {c.id: loads.get(c.id, Load()) for c in cands})
+    req = RouteRequest("r", tuple(range(64)), 4096, 128, 64)
+    pipeline = {"routes": "pd_pairs", "scorers": ["pd_ttft", {"name": "pd_tbt", "weight": 0.5}],
+                "picker": {"name": "max_score", "params": {"tolerance": 0.05}}}
+    with_tbt = PolicyConfig.model_validate({"pipeline": pipeline})
+    assert {build_policy(with_tbt, PD, random.Random(s)).choose(req, cands, snap).instance for s in range(20)} == {"d2"}
+    alone = PolicyConfig.model_validate({"pipeline": {**pipeline, "scorers": ["pd_ttft"]}})
+    assert {build_policy(alone, PD, random.Random(s)).choose(req, cands, snap).instance for s in range(20)} == {"d1", "d2"}
+    # the scores themselves: best / each route's step with this request added
+    from router.scheduling.pd import PDTBTScorer
+
+    views = [View(slow, 0, loads["d1"], None, None, 1.0), View(fast, 0, loads["d2"], None, None, 1.0)]
+    assert PDTBTScorer(PD).score(req, views) == pytest.approx([1 / 3, 1.0])

@@ -164,7 +164,7 @@ def test_the_decision_estimate_is_the_cost_model_of_the_chosen_route():
 def test_unknown_plugin_names_the_field_and_the_known_names():
     msg = config_error(pipeline={"scorers": ["prefix", "prefx"]})
     assert "policy.pipeline.scorers.1.name: unknown scorer 'prefx'; known: " in msg
-    assert "dynamo_cost, kv, pd_ttft, prefix, queue, requests, ttft" in msg
+    assert "dynamo_cost, kv, pd_tbt, pd_ttft, prefix, queue, requests, ttft" in msg
     assert "policy.pipeline.picker.name: unknown picker 'best'" in config_error(pipeline={"picker": "best"})
 
 
