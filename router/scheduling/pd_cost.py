@@ -19,7 +19,7 @@ from router.scheduling.cost import colocated_ttft
 from router.scheduling.framework import RouteCost, RouteRequest, View
 
 # A measured step scales the configured model at most this much either way: the engine's
-# speed, not one odd window, should move the TBT filter and the stall budget.
+# speed, not one odd window, should move the TBT filter and the wait for KV room.
 MAX_STEP_SCALE = 20.0
 
 
