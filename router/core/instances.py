@@ -105,7 +105,7 @@ class Change:
 
 def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, token_ratio: float = 1.0,
                step: DecodeStep | None = None) -> Candidate:
-    return Candidate(
+    candidate = Candidate(
         id=ic.id,
         cache_tokens=router_tokens(ic.cache_tokens, token_ratio),
         prefill_tokens_per_s=(ic.prefill_tokens_per_s or default_rate) / factor,
@@ -117,10 +117,16 @@ def _candidate(ic: InstanceConfig, default_rate: float, factor: float = 1.0, tok
         # A vLLM decode instance prefills whatever KV it was not handed; an SGLang decode
         # worker only serves requests paired with a prefill through a bootstrap room.
         standalone=ic.role == "mixed" or (ic.role == "decode" and ic.flavor == "vllm"),
-        decode_step_s=step.step_s if step is not None else None,
-        decode_step_batch=step.batch if step is not None else None,
-        decode_step_kv_share=step.kv_share if step is not None else 0.0,
     )
+    return candidate if step is None else with_decode_step(candidate, step)
+
+
+def with_decode_step(candidate: Candidate, step: DecodeStep | None) -> Candidate:
+    """``candidate`` priced from the measured ``step`` (None: the configured steps)."""
+    if step is None:
+        return dataclasses.replace(candidate, decode_step_s=None, decode_step_batch=None, decode_step_kv_share=0.0)
+    return dataclasses.replace(candidate, decode_step_s=step.step_s, decode_step_batch=step.batch,
+                               decode_step_kv_share=step.kv_share)
 
 
 def router_tokens(engine_tokens: int, token_ratio: float) -> int:
@@ -243,10 +249,7 @@ class InstancePool:
         if inst is None:
             return None
         inst.decode_step = step
-        inst.candidate = dataclasses.replace(
-            inst.candidate, decode_step_s=step.step_s if step is not None else None,
-            decode_step_batch=step.batch if step is not None else None,
-            decode_step_kv_share=step.kv_share if step is not None else 0.0)
+        inst.candidate = with_decode_step(inst.candidate, step)
         return inst
 
     def compat_report(self) -> dict[str, str]:

@@ -145,10 +145,11 @@ async def decide(
         hit, landings = tier.hit(req.keys), tier.landings()
         if hit is not None or landings:
             req = replace(req, store=hit, landings=landings or None)
-    elsewhere = getattr(policy, "external_loads", None)  # engines.external.ExternalLoadPolicy: pruning and calibration
+    elsewhere = getattr(policy, "external_loads", None)  # engines.external.ExternalLoadPolicy
+    external_now = elsewhere() if elsewhere is not None else None  # one read for pruning and calibration
     pool: Sequence[Candidate] = ()
     if pruner is not None and getattr(getattr(policy, "routes", None), "name", None) == "instances":
-        pruned = pruner.prune(store, req, candidates, elsewhere() if elsewhere is not None else None)
+        pruned = pruner.prune(store, req, candidates, external_now)
         if pruned is not None:
             pool, candidates, req = candidates, pruned.candidates, pruned.request
     chooser = RequestChooser(policy, req, candidates, slo_s, pool)
@@ -176,7 +177,7 @@ async def decide(
     if decision.estimate_s is not None:  # the estimate was priced at this rate: calibration needs it (CalibrationHook)
         prefilling = decision.prefill or decision.instance
         rate = next((c.prefill_tokens_per_s for c in chooser.candidates if c.id == prefilling), None)
-        if elsewhere is not None:  # ... and behind this much unbooked queue
-            extra = elsewhere().get(prefilling)
+        if external_now:  # ... and behind this much unbooked queue
+            extra = external_now.get(prefilling)
             external = extra.prefill_tokens if extra is not None else 0
     return Routed(booking, decision, snap, started, rate, external)

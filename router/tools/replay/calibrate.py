@@ -23,6 +23,7 @@ from collections.abc import Callable
 from router.config.engines import EnginesConfig
 from router.config.model import CalibrationConfig
 from router.core.instances import Candidate
+from router.core.instances import with_decode_step
 from router.engines.decode_step import DecodeStepMeter
 from router.engines.readings import EngineReading
 from router.scheduling.calibration import Calibrator, calibration_key
@@ -85,6 +86,4 @@ class ReplayDecodeSteps:
                                     itl_s=c.itl_seconds, itl_tokens=c.itl_tokens)
             belief = self.meter.belief(cid) if self.meter.update(cid, reading) is not None else None
             if belief is not None:
-                self._candidates[i] = dataclasses.replace(
-                    self._candidates[i], decode_step_s=belief.step_s, decode_step_batch=belief.batch,
-                    decode_step_kv_share=belief.kv_share)
+                self._candidates[i] = with_decode_step(self._candidates[i], belief)
