@@ -32,6 +32,7 @@ StoreCounters = Callable[[], dict[str, int]]
 _STORE_COUNTERS = (
     ("round_trips", "Network round trips made by the state store"),
     ("corrections", "Decisions moved after the shared view disagreed with the local one"),
+    ("revisions", "Decisions whose policy ran again on news a round trip brought (another replica's load, residency)"),
     ("errors", "State store calls that failed (decisions fell back to the local view)"),
 )
 

@@ -76,6 +76,7 @@ def _store_counters(store: StateStore) -> dict[str, int]:
     return {
         "round_trips": store.round_trips,
         "corrections": getattr(store, "corrections", 0),
+        "revisions": getattr(store, "revisions", 0),
         "errors": getattr(store, "errors", 0),
         "degraded": int(getattr(store, "degraded", False)),
     }

@@ -67,6 +67,10 @@ class PreciseStore(StateStore):
         return getattr(self.inner, "corrections", 0)
 
     @property
+    def revisions(self) -> int:
+        return getattr(self.inner, "revisions", 0)
+
+    @property
     def errors(self) -> int:
         return getattr(self.inner, "errors", 0)
 

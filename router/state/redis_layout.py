@@ -169,17 +169,19 @@ class Layout:
 
     # -- instance shard ops --------------------------------------------------------------
     def book(self, tag: str, booking_id: str, lease_ms: int, request_tokens: float, read: Sequence[str], low: int,
-             legs: Sequence[Leg], caps: Sequence[int], keys: Sequence[int], hex_keys: str = "") -> Op:
+             legs: Sequence[Leg], caps: Sequence[int], keys: Sequence[int], hex_keys: str = "", replica: str = "") -> Op:
         """Read ``read``'s loads and the ``low`` least loaded of shard ``tag``; book ``legs`` (of this
         shard) and put the prompt's ``keys`` on their instances' LRUs (``hex_keys``: ``hex_blocks(keys)``,
-        built once per decision; sent only to shards with legs)."""
+        built once per decision; sent only to shards with legs). With ``replica`` (the router
+        replica's id), the booking is counted in that replica's share too, and the reply carries
+        that share of every load it reads."""
         args: list[Arg] = [booking_id, lease_ms, request_tokens, len(read), *read, low, len(legs)]
         for leg, cap in zip(legs, caps):
             args += [leg.instance, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes,
                      int(leg.transient), cap, leg.block_tokens]
         recorded = bool(keys and legs)
         args += [self.residency_shard(keys[0]) if recorded else -1,
-                 (hex_keys or self.hex_blocks(keys)) if recorded else ""]
+                 (hex_keys or self.hex_blocks(keys)) if recorded else "", replica]
         names = self._shard_keys(tag) + [tag + ":seq"] + [self.lru_key(leg.instance) for leg in legs]
         return Op("B", tag, names, args)
 

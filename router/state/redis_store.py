@@ -14,7 +14,12 @@ One round trip per routing decision: the policy chooses on this replica's local 
 (a MemoryStore fed by every answer Redis gives), then the ops look up the authoritative
 view and book the choice. If the authoritative view would not have accepted the choice
 (another replica booked the same instance, or holds the prefix elsewhere), a second call
-moves the booking; that correction is counted. Candidate pruning (load_index,
+moves the booking; that correction is counted. Redis keeps each replica's share of every
+instance's load beside the total, so a replica reads the other replicas' load exactly and
+adds its own (which it knows first): the policy is asked again only when the round trip
+brought news from elsewhere (residency, or another replica's load on a candidate), never
+for this replica's own bookings and releases made while the call was out, which the
+decisions that made them had already seen. Candidate pruning (load_index,
 first_block_holders) reads the mirror and a load index over the shared loads this replica
 has seen: every answer carries each queried shard's least-loaded instances and every holder
 of the prompt's first block, and a holder that pruning left out is offered to the policy
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +49,7 @@ from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
 from router.state.redis_queue import WriteQueue
-from router.state.redis_views import book_reply, drop_ops, merged, merged_loads, refresh_ops, shard_reads
+from router.state.redis_views import book_reply, combined, drop_ops, merged_loads, refresh_ops, shard_reads
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +90,13 @@ class RedisStore(StateStore):
         self._request_tokens = request_tokens
         self._low = report_least_loaded
         self._mirror = MemoryStore(caps, residency_ttl_s, default_cap, request_tokens=request_tokens)
-        self._index = LoadIndex(request_tokens)  # over the larger of own and shared loads
+        self._index = LoadIndex(request_tokens)  # over own plus the other replicas' loads
+        self.replica = secrets.token_hex(6)  # this store's share of each load in Redis is filed under it
         self._client: aioredis.Redis | aioredis.RedisCluster | None = None
         self._runner: Runner | None = None
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
-        self._remote: dict[str, Load] = {}  # last shared view of each instance's load
+        self._remote: dict[str, Load] = {}  # the other replicas' load on each instance, as last read (KV 0)
+        self._shared_kv: dict[str, int] = {}  # each instance's booked KV in Redis, every replica's (redis_views.combined)
         self._parsed: dict[str, Load] = {}  # stored load text -> Load (bounded in parse_load)
         self._refresher: asyncio.Task[None] | None = None
         self._round_trips = 0
@@ -97,6 +105,7 @@ class RedisStore(StateStore):
         # which would leave phantom load until the lease ran out. Dropped once Redis answers again.
         self._uncertain: dict[str, Booking] = {}
         self.corrections = 0
+        self.revisions = 0  # decisions whose policy ran again on news the round trip brought
         self.errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -211,17 +220,18 @@ class RedisStore(StateStore):
         for tag, (read, legs) in shard_reads(lay, instances, booking).items():
             caps = [self._caps.get(leg.instance, self._default_cap) for leg in legs]
             ops.append(lay.book(tag, booking.id if booking else "", self._lease_ms, self._request_tokens, read,
-                                low, legs, caps, book_keys, hex_keys))
+                                low, legs, caps, book_keys, hex_keys, self.replica))
         return ops
 
     def _absorb(self, ops: list[Op], replies: list[Any], keys: Sequence[int],
                 known: Mapping[str, int] | None = None) -> tuple[dict[str, int] | None, dict[str, Load]]:
         """Holders' depths (None when the look-up was skipped while its slot moved:
-        redis_calls.py) and shared loads from the replies; learn from them (mirror, shared
-        view, load index) and queue the residency entries evicted by capacity. ``known``:
-        depths the mirror already had (those need no recording again)."""
+        redis_calls.py) and the other replicas' loads from the replies; learn from them
+        (mirror, shared view, load index) and queue the residency entries evicted by
+        capacity. ``known``: depths the mirror already had (those need no recording again)."""
         depth: dict[str, int] | None = {}
         loads: dict[str, Load] = {}
+        kv: dict[str, int] = {}
         first_lookup = True
         for op, reply in zip(ops, replies):
             if op.code == "L":
@@ -229,12 +239,13 @@ class RedisStore(StateStore):
                     depth = None if reply is None else {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
                     first_lookup = False
             elif op.code == "B":
-                for instance, member in book_reply(op, reply, loads, self._parsed):
+                for instance, member in book_reply(op, reply, loads, kv, self._parsed):
                     shard, key = self._layout.parse_member(member)
                     self._writes.unhold(shard, [(key, instance)])
-        remote = self._remote
-        changed = [inst for inst, load in loads.items() if remote.get(inst) != load]
+        remote, shared_kv = self._remote, self._shared_kv
+        changed = [inst for inst, load in loads.items() if remote.get(inst) != load or shared_kv.get(inst) != kv[inst]]
         remote.update(loads)
+        shared_kv.update(kv)
         self._reindex(changed)
         known = known or {}
         for inst, d in (depth or {}).items():
@@ -247,7 +258,9 @@ class RedisStore(StateStore):
         depth, loads = self._absorb(ops, await self._call(ops), keys)
         if depth is None:  # the residency shard is moving: this replica's own view of it
             depth = self._mirror.snapshot_now(keys, instances).matched
-        return Snapshot({i: depth.get(i, 0) for i in instances}, {i: loads.get(i, _IDLE) for i in instances})
+        own, kv = self._mirror.load_of, self._shared_kv
+        return Snapshot({i: depth.get(i, 0) for i in instances},
+                        {i: combined(own(i), loads[i], kv.get(i, 0)) if i in loads else own(i) for i in instances})
 
     # -- candidate pruning -----------------------------------------------------------------
     def load_index(self) -> LoadIndex:
@@ -258,12 +271,15 @@ class RedisStore(StateStore):
 
     def _reindex(self, instances: Collection[str]) -> None:
         for inst in instances:
-            own, other = self._mirror.load_of(inst), self._remote.get(inst, _IDLE)
-            self._index.update(inst, own if other is _IDLE or other == own else merged(own, other))
+            own, other, kv = self._mirror.load_of(inst), self._remote.get(inst, _IDLE), self._shared_kv.get(inst, 0)
+            quiet = (other is _IDLE or other == _IDLE) and kv <= own.kv_tokens
+            self._index.update(inst, own if quiet else combined(own, other, kv))
 
     # -- the decision --------------------------------------------------------------------
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:
         local = self._merged_view(self._mirror.snapshot_now(keys, instances))
+        remote = self._remote
+        seen = [remote.get(i, _IDLE) for i in instances]  # the other replicas' loads chosen on
         booking = choose(local)
         self._mirror.book(booking)  # concurrent decisions in this replica see it at once
         self._reindex(booking.instances)
@@ -288,16 +304,19 @@ class RedisStore(StateStore):
         widen = getattr(choose, "widen", None)  # RequestChooser.widen: holders the pruning left out
         if missed and widen is not None:
             considered += widen(missed)
+        matched = {i: depth.get(i, 0) for i in considered}
+        if matched == local.matched and all(remote.get(i, _IDLE) == s for i, s in zip(instances, seen)):
+            # No news from elsewhere: what changed since the choice is this replica's own
+            # bookings and releases, made by decisions that saw this one's.
+            return self._keep(booking, local)
+        self.revisions += 1
         own = self._mirror.snapshot_now((), considered)
         # Confidence (LRU position) comes from this replica's mirror as it stood before the
         # decision touched it; an instance the mirror knows nothing of counts 1.0.
-        shared = Snapshot({i: depth.get(i, 0) for i in considered}, own.loads, local.confidence, local.room)
-        fresh = self._merged_view(shared, minus=booking)
-        if fresh.matched == local.matched and fresh.loads == local.loads:
-            return self._keep(booking, fresh)  # the shared view is the one chosen on: nothing to revise
+        fresh = self._merged_view(Snapshot(matched, own.loads, local.confidence, local.room), minus=booking)
         revised = choose.revise(fresh, booking)
         if revised is not None:
-            booking = await self._move(booking, revised, shared.matched, local.matched)
+            booking = await self._move(booking, revised, matched, local.matched)
         return self._keep(booking, fresh)
 
     def _keep(self, booking: Booking, snap: Snapshot) -> tuple[Snapshot, Booking]:
@@ -305,11 +324,11 @@ class RedisStore(StateStore):
         return snap, booking
 
     def _merged_view(self, snap: Snapshot, minus: Booking | None = None) -> Snapshot:
-        """Per instance, the larger of this replica's own bookings and the shared view
-        (redis_views.merged_loads); confidence (LRU position) and cache room stay this
-        replica's mirror's."""
+        """Per instance, this replica's own bookings plus the other replicas' (redis_views.
+        merged_loads); confidence (LRU position) and cache room stay this replica's mirror's."""
         kv = self._mirror.booked_kv(minus) if minus is not None else None
-        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, minus, kv), snap.confidence, snap.room)
+        return Snapshot(snap.matched, merged_loads(snap.loads, self._remote, self._shared_kv, minus, kv), snap.confidence,
+                        snap.room)
 
     async def _move(self, booking: Booking, revised: Booking, shared: dict[str, int], local: dict[str, int]) -> Booking:
         """Re-book ``revised`` instead of ``booking``; take back the prefix blocks that the
@@ -372,6 +391,7 @@ class RedisStore(StateStore):
     async def drop_instance(self, instance: str) -> None:
         await self._mirror.drop_instance(instance)
         self._remote.pop(instance, None)
+        self._shared_kv.pop(instance, None)
         self._index.update(instance, None)
         self._caps.pop(instance, None)
         ops = self._layout.forget_marks(instance, self._ttl_ms) + [self._layout.forget(instance, drop_load=True)]

@@ -33,11 +33,23 @@ def _parse(packed: str) -> Load:
         return _IDLE
 
 
-def merged(own: Load, other: Load) -> Load:
-    """Field-wise max: a lower bound of the truth that sees both views."""
-    return Load(max(own.requests, other.requests), max(own.prefill_tokens, other.prefill_tokens),
-                max(own.kv_tokens, other.kv_tokens), max(own.transfers, other.transfers),
-                max(own.transfer_bytes, other.transfer_bytes))
+def combined(own: Load, other: Load, shared_kv: int) -> Load:
+    """This replica's load plus the other replicas' (``other``: their share, KV left out),
+    KV the larger of its own and the shared total ``shared_kv`` (the union of every replica's
+    pinned blocks, which does not add up per replica; lua/ops.lua). Own's queue head is kept:
+    only this replica tracks one."""
+    return Load.booked(own.requests + other.requests, own.prefill_tokens + other.prefill_tokens,
+                       max(own.kv_tokens, shared_kv), own.transfers + other.transfers,
+                       own.transfer_bytes + other.transfer_bytes).with_head(own.prefill_started_s, own.prefill_head_tokens)
+
+
+def others(total: Load, mine: Load) -> Load:
+    """The stored total less this replica's stored share: the other replicas' load (KV left
+    out: the shares carry none)."""
+    if total is _IDLE:
+        return _IDLE
+    return Load.booked(max(0, total.requests - mine.requests), max(0, total.prefill_tokens - mine.prefill_tokens),
+                       0, max(0, total.transfers - mine.transfers), max(0, total.transfer_bytes - mine.transfer_bytes))
 
 
 def shard_reads(layout: Layout, instances: Sequence[str], booking: Booking | None) -> dict[str, tuple[list[str], list[Leg]]]:
@@ -59,15 +71,17 @@ def shard_reads(layout: Layout, instances: Sequence[str], booking: Booking | Non
     return shards
 
 
-def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], minus: Booking | None = None,
-                 minus_kv: Mapping[str, int] | None = None) -> dict[str, Load]:
-    """Per instance, the field-wise max of this replica's own bookings and the shared view.
+def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], shared_kv: Mapping[str, int],
+                 minus: Booking | None = None, minus_kv: Mapping[str, int] | None = None) -> dict[str, Load]:
+    """Per instance, this replica's own bookings plus the other replicas' (``remote``), KV
+    the larger of its own and the shared total (``shared_kv``: combined says why).
 
-    Own bookings reach Redis one round trip late, the shared view lacks those still in
-    flight; the max is a lower bound of the truth that sees both. ``minus``: a booking of
-    this replica's own that the shared view does not hold yet, taken out of ``own``;
-    ``minus_kv``: the KV it added per instance, where that is not its legs' ``kv_tokens``
-    (a leg that pins blocks adds those no other booking held: MemoryStore.booked_kv)."""
+    Redis keeps each replica's share of an instance's load beside the total (lua/ops.lua), so
+    a replica reads the others' load exactly and adds its own, which it knows before Redis
+    does (its queued writes, its bookings in flight). ``minus``: a booking of this replica's
+    own taken out of ``own``; ``minus_kv``: the KV it added per instance, where that is not
+    its legs' ``kv_tokens`` (a leg that pins blocks adds those no other booking held:
+    MemoryStore.booked_kv)."""
     legs = {leg.instance: leg for leg in minus.legs} if minus is not None else {}
     kvs = minus_kv or {}
     loads = {}
@@ -77,20 +91,30 @@ def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], minus: Boo
             mine = Load(max(0, mine.requests - 1), max(0, mine.prefill_tokens - leg.prefill_tokens),
                         max(0, mine.kv_tokens - kvs.get(inst, leg.kv_tokens)), max(0, mine.transfers - leg.transfers),
                         max(0, mine.transfer_bytes - leg.transfer_bytes))
-        other = remote.get(inst, _IDLE)
-        loads[inst] = mine if other is _IDLE or other == mine else merged(mine, other)
+        other, kv = remote.get(inst, _IDLE), shared_kv.get(inst, 0)
+        loads[inst] = mine if (other is _IDLE or other == _IDLE) and kv <= mine.kv_tokens else combined(mine, other, kv)
     return loads
 
 
-def book_reply(op: Op, reply: Any, loads: dict[str, Load], memo: dict[str, Load]) -> list[tuple[str, str]]:
-    """Read one book op's reply: the loads it read and its shard's least-loaded go into
-    ``loads``; returns (instance, residency member) of each entry capacity evicted."""
+def book_reply(op: Op, reply: Any, loads: dict[str, Load], kv: dict[str, int],
+               memo: dict[str, Load]) -> list[tuple[str, str]]:
+    """Read one book op's reply: the other replicas' share of the loads it read and of its
+    shard's least loaded go into ``loads`` (the total less this replica's share: Layout.book),
+    their shared KV into ``kv``; returns (instance, residency member) of each entry capacity
+    evicted."""
     read = op.args[4:4 + int(op.args[3])]
-    for inst, packed in zip(read, reply[0]):
-        loads[str(inst)] = parse_load(packed, memo)
+    mine = reply[4] if len(reply) > 4 and reply[4] else [""] * len(read)
+    for inst, packed, own in zip(read, reply[0], mine):
+        total = parse_load(packed, memo)
+        loads[str(inst)] = others(total, parse_load(own, memo))
+        kv[str(inst)] = total.kv_tokens
     low = reply[1]
+    low_mine = reply[5] if len(reply) > 5 and reply[5] else [""] * (len(low) // 2)
     for j in range(0, len(low), 2):
-        loads.setdefault(low[j], parse_load(low[j + 1], memo))
+        if low[j] not in loads:
+            total = parse_load(low[j + 1], memo)
+            loads[low[j]] = others(total, parse_load(low_mine[j // 2], memo))
+            kv[low[j]] = total.kv_tokens
     evicted = reply[2]
     return [(evicted[j], evicted[j + 1]) for j in range(0, len(evicted), 2)]
 

@@ -19,20 +19,23 @@ class HugeChooser(GreedyChooser):
 
 async def test_huge_amounts_are_clamped_and_released(redis_url, key_prefix):
     store = RedisStore(redis_url, {"a": 10, "b": 10}, key_prefix=key_prefix)
+    observer = RedisStore(redis_url, {"a": 10, "b": 10}, key_prefix=key_prefix)  # sees the shared load only
     await store.start()
+    await observer.start()
     try:
         _, huge = await store.decide([1], INSTANCES, HugeChooser("huge", [1]))
         assert store.errors == 0
-        snap = await store.snapshot([1], INSTANCES)
+        snap = await observer.snapshot([1], INSTANCES)
         assert snap.loads["a"].requests == 1 and 0 < snap.loads["a"].kv_tokens <= 2**52
         _, other = await store.decide([2], INSTANCES, GreedyChooser("next", [2], only="b"))  # scripts still run
         await store.release(huge)
         await store.release(other)
         assert store.errors == 0
-        snap = await store.snapshot([], INSTANCES)
+        snap = await observer.snapshot([], INSTANCES)
         assert snap.loads["a"].requests == 0 and snap.loads["a"].kv_tokens == 0
     finally:
         await store.close()
+        await observer.close()
 
 
 async def test_an_unparsable_stored_load_counts_as_idle(redis_url, key_prefix):

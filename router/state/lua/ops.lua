@@ -11,9 +11,11 @@
 --   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms); the key in 16 hex digits
 --   :fg             hash instance -> time its residency was last forgotten (ms)
 -- Instance shard {P:i<n>} (instances whose name hashes to n):
---   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"; \30pad -> a long value (LOADS_PAD)
+--   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"; <instance>\31<replica id> -> the
+--                   share of it booked by that router replica (same format); \30pad -> a long value (LOADS_PAD)
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
---   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + this shard's legs (\30 between legs, \31 between fields)
+--   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + the booking
+--                   replica's id + \28 + this shard's legs (\30 between legs, \31 between fields)
 --                   [+ \29 + the prompt's block keys, 16 hex digits each, when a leg pins them]
 --   :leases         zset booking id -> lease expiry (ms)
 --   :pin            hash of the blocks pinned by bookings in flight (router/state/pins.py): <inst> -> "<epoch>:<distinct
@@ -55,9 +57,9 @@ local function delta(x)
   return math.max(-LOAD_MAX, math.min(LOAD_MAX, x))
 end
 
-local function add_load(S, inst, req, pf, kv, tx, tb)
+-- A stored load "r:p:k:t:b" moved by the deltas, clamped; '' when it is idle (absent means idle).
+local function moved(old, req, pf, kv, tx, tb)
   local r, p, v, t, y = 0, 0, 0, 0, 0
-  local old = redis.call('HGET', S.loads, inst)
   if old then
     local a, b, c, d, f = string.match(old, '^(%d+):(%d+):(%d+):(%d+):?(%d*)$')
     if a then
@@ -67,21 +69,41 @@ local function add_load(S, inst, req, pf, kv, tx, tb)
   end
   r, p, v, t = clamp(r + delta(req)), clamp(p + delta(pf)), clamp(v + delta(kv)), clamp(t + delta(tx))
   y = clamp(y + delta(tb))
-  if r + p + v + t + y == 0 then
+  if r + p + v + t + y == 0 then return '', 0, 0 end
+  return string.format('%d:%d:%d:%d:%d', r, p, v, t, y), r, p  -- clamped: exact
+end
+
+-- Move an instance's booked load, and (rep: the booking replica's id) that replica's own share
+-- of it, field <inst>\31<rep> of the same hash: a replica reads both and so tells the other
+-- replicas' load from its own, which it knows before Redis does (redis_store.py). The share
+-- leaves KV out (always 0): booked KV is the union of the blocks pinned by every replica's
+-- bookings (pins.lua), which no replica's share can be subtracted from.
+local function add_load(S, inst, req, pf, kv, tx, tb, rep)
+  local packed, r, p = moved(redis.call('HGET', S.loads, inst), req, pf, kv, tx, tb)
+  if packed == '' then
     redis.call('HDEL', S.loads, inst)  -- absent means idle: instances that come and go leave nothing behind
     redis.call('ZREM', S.lz, inst)
   else
-    redis.call('HSET', S.loads, inst, string.format('%d:%d:%d:%d:%d', r, p, v, t, y))  -- clamped: exact
+    redis.call('HSET', S.loads, inst, packed)
     redis.call('ZADD', S.lz, p + r * S.rt, inst)
+  end
+  if rep and rep ~= '' then
+    local own = inst .. '\31' .. rep
+    local mine = moved(redis.call('HGET', S.loads, own), req, pf, 0, tx, tb)
+    if mine == '' then redis.call('HDEL', S.loads, own) else redis.call('HSET', S.loads, own, mine) end
   end
 end
 
 -- A booking's legs: {inst, prefill, kv, transfers, transfer_bytes, transient, block tokens,
--- pin epoch, blocks pinned}, and the block keys (hex) its pinning legs pinned.
+-- pin epoch, blocks pinned}, the block keys (hex) its pinning legs pinned, and the id of the
+-- replica that booked it ('' for a booking written before replicas were told apart).
 local function legs_of(packed)
   local legs = {}
   local cut = string.find(packed, '\29', 2, true)
   local body = cut and string.sub(packed, 2, cut - 1) or string.sub(packed, 2)
+  local rep = ''
+  local r = string.find(body, '\28', 1, true)
+  if r then rep, body = string.sub(body, 1, r - 1), string.sub(body, r + 1) end
   for leg in string.gmatch(body, '[^\30]+') do
     local f = {}
     for x in string.gmatch(leg, '[^\31]+') do f[#f + 1] = x end
@@ -89,7 +111,7 @@ local function legs_of(packed)
                        tonumber(f[7]) or 0, f[8] or '', tonumber(f[9]) or 0}
   end
   local flag = string.sub(packed, 1, 1)
-  return flag == '1', legs, flag == '2', cut and string.sub(packed, cut + 1) or ''
+  return flag == '1', legs, flag == '2', cut and string.sub(packed, cut + 1) or '', rep
 end
 
 -- The (negative) prefill work a leg still has booked: none for a remote prefill leg whose
@@ -103,7 +125,7 @@ local function drop(S, id)
   redis.call('ZREM', S.leases, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed then return 0 end
-  local done, legs, leg_done, hex = legs_of(packed)
+  local done, legs, leg_done, hex, rep = legs_of(packed)
   for _, l in ipairs(legs) do
     local kv, freed = l[3], 0
     if l[7] > 0 then
@@ -112,9 +134,9 @@ local function drop(S, id)
     end
     if freed < 0 then  -- pinned in a life of the instance that ended with it: nothing booked to release
     elseif not done then
-      add_load(S, l[1], -1, queued_work(l, leg_done), -kv, -l[4], -l[5])
+      add_load(S, l[1], -1, queued_work(l, leg_done), -kv, -l[4], -l[5], rep)
     elseif not l[6] then
-      add_load(S, l[1], -1, 0, -kv, 0, 0)
+      add_load(S, l[1], -1, 0, -kv, 0, 0, rep)
     end
   end
   redis.call('HDEL', S.bk, id)
@@ -127,9 +149,9 @@ local function prefill_leg_done(S, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed or string.sub(packed, 1, 1) ~= '0' then return 0 end
   redis.call('HSET', S.bk, id, '2' .. string.sub(packed, 2))
-  local _, legs = legs_of(packed)
+  local _, legs, _, _, rep = legs_of(packed)
   for _, l in ipairs(legs) do
-    if l[6] then add_load(S, l[1], 0, -l[2], 0, 0, 0) end
+    if l[6] then add_load(S, l[1], 0, -l[2], 0, 0, 0, rep) end
   end
   return 1
 end
@@ -138,12 +160,12 @@ local function prefill_done(S, id)
   local packed = redis.call('HGET', S.bk, id)
   if not packed or string.sub(packed, 1, 1) == '1' then return 0 end
   redis.call('HSET', S.bk, id, '1' .. string.sub(packed, 2))
-  local _, legs, leg_done = legs_of(packed)
+  local _, legs, leg_done, _, rep = legs_of(packed)
   for _, l in ipairs(legs) do
     if l[6] then  -- a remote prefill leg: wholly released at the first byte
-      add_load(S, l[1], -1, queued_work(l, leg_done), -l[3], -l[4], -l[5])
+      add_load(S, l[1], -1, queued_work(l, leg_done), -l[3], -l[4], -l[5], rep)
     else
-      add_load(S, l[1], 0, -l[2], 0, -l[4], -l[5])
+      add_load(S, l[1], 0, -l[2], 0, -l[4], -l[5], rep)
     end
   end
   return 1
@@ -291,27 +313,37 @@ end
 -- look-up before it in the same call got (a standalone Redis's one call sends them once; one argument
 -- instead of one per block halves what the router packs per decision, and the fixed width
 -- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
--- Reply: {loads of the read instances, {inst, load} of the nlow least loaded, {inst,
--- evicted member, ...}, 1 if booked now}; loads are read before this booking.
+-- Then the booking replica's id ('' for none). Reply: {loads of the read instances, {inst,
+-- load} of the nlow least loaded, {inst, evicted member, ...}, 1 if booked now, that replica's
+-- own share of the read loads, and of the least loaded's}; loads are read before this booking.
 local function op_book(k0, nk, a0)
   local S = shard(k0, ARGV[a0 + 2])
   local id, lease_ms = ARGV[a0], tonumber(ARGV[a0 + 1])
   local a = a0 + 3
   local nread = tonumber(ARGV[a])
-  local read = {}
+  local nlow, nlegs = tonumber(ARGV[a + nread + 1]), tonumber(ARGV[a + nread + 2])
+  local rep = ARGV[a + nread + 3 + 8 * nlegs + 2] or ''
+  local read, mine = {}, {}
   for i = 1, nread do read[i] = ARGV[a + i] end
   a = a + nread + 1
   local loads = hmget_all(S.loads, read, {})
-  local low = {}
-  local nlow = tonumber(ARGV[a])
+  if rep ~= '' then
+    for i = 1, nread do mine[i] = read[i] .. '\31' .. rep end
+    mine = hmget_all(S.loads, mine, {})
+  end
+  local low, low_mine = {}, {}
   if nlow > 0 then
     local ids = redis.call('ZRANGE', S.lz, 0, nlow - 1)
     if #ids > 0 then
       local packed = redis.call('HMGET', S.loads, unpack(ids))
       for j = 1, #ids do low[#low + 1] = ids[j]; low[#low + 1] = packed[j] or '' end
+      if rep ~= '' then
+        local own = {}
+        for j = 1, #ids do own[j] = ids[j] .. '\31' .. rep end
+        low_mine = hmget_all(S.loads, own, {})
+      end
     end
   end
-  local nlegs = tonumber(ARGV[a + 1])
   a = a + 2
   local mem0 = a + 8 * nlegs
   local evicted, booked = {}, 0
@@ -338,13 +370,13 @@ local function op_book(k0, nk, a0)
         pinned = true
       end
       parts[#parts + 1] = table.concat(fields, '\31')
-      add_load(S, inst, 1, ARGV[b + 1], added, ARGV[b + 3], ARGV[b + 4])
+      add_load(S, inst, 1, ARGV[b + 1], added, ARGV[b + 3], ARGV[b + 4], rep)
       if nblocks > 0 then remember(KEYS[k0 + 6 + i], KEYS[k0 + 5], member, nblocks, tonumber(ARGV[b + 6]), inst, evicted) end
     end
-    redis.call('HSET', S.bk, id, '0' .. table.concat(parts, '\30') .. (pinned and ('\29' .. hex) or ''))
+    redis.call('HSET', S.bk, id, '0' .. rep .. '\28' .. table.concat(parts, '\30') .. (pinned and ('\29' .. hex) or ''))
     redis.call('ZADD', S.leases, now_ms() + lease_ms, id)
   end
-  return {loads, low, evicted, booked}
+  return {loads, low, evicted, booked, mine, low_mine}
 end
 
 -- 'W' (instance shard): writes that need no answer. KEYS loads, lz, bk, leases; ARGV
@@ -383,13 +415,18 @@ local function op_unremember(k0, nk, a0, na)
   return na
 end
 
--- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load and its
--- pin epoch (bookings still in flight release into the ended one). KEYS lru, loads, lz, pin;
--- ARGV inst, drop_load (0/1).
+-- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load, every
+-- replica's share of it, and its pin epoch (bookings still in flight release into the ended
+-- one). KEYS lru, loads, lz, pin; ARGV inst, drop_load (0/1). (The shares are found by reading
+-- the shard's field names: O(fields), for an instance leaving, not per request.)
 local function op_forget(k0, nk, a0)
   local size = redis.call('ZCARD', KEYS[k0])
   redis.call('DEL', KEYS[k0])
   if ARGV[a0 + 1] == '1' then
+    local head = ARGV[a0] .. '\31'
+    for _, f in ipairs(redis.call('HKEYS', KEYS[k0 + 1])) do
+      if string.sub(f, 1, #head) == head then redis.call('HDEL', KEYS[k0 + 1], f) end
+    end
     redis.call('HDEL', KEYS[k0 + 1], ARGV[a0])
     redis.call('ZREM', KEYS[k0 + 2], ARGV[a0])
     redis.call('HDEL', KEYS[k0 + 3], ARGV[a0])
