@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -162,7 +163,8 @@ def pd_router(backends: Sequence[str], source: Path | None = None, redis_url: st
     with ``workers`` processes sharing state through ``redis_url``."""
     config: dict[str, object] = {"instances": [{"url": u, "name": f"z{i}"} for i, u in enumerate(backends)]}
     if redis_url:
-        config["state"] = {"backend": "redis", "redis_url": redis_url, "key_prefix": f"overhead{os.getpid()}"}
+        # a namespace per router: routers measured side by side on one redis-server are not replicas of each other
+        config["state"] = {"backend": "redis", "redis_url": redis_url, "key_prefix": f"overhead{time.monotonic_ns()}"}
     args = ["--workers", str(workers)] if workers > 1 else []
     with router_process(config, args=args, source=str(source) if source is not None else None) as handle:
         yield handle

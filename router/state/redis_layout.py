@@ -173,8 +173,7 @@ class Layout:
         """Read ``read``'s loads and the ``low`` least loaded of shard ``tag``; book ``legs`` (of this
         shard) and put the prompt's ``keys`` on their instances' LRUs (``hex_keys``: ``hex_blocks(keys)``,
         built once per decision; sent only to shards with legs). With ``replica`` (the router
-        replica's id), the booking is counted in that replica's share too, and the reply carries
-        that share of every load it reads."""
+        replica's id), the booking is counted in that replica's share too (lua/ops.lua add_load)."""
         args: list[Arg] = [booking_id, lease_ms, request_tokens, len(read), *read, low, len(legs)]
         for leg, cap in zip(legs, caps):
             args += [leg.instance, leg.prefill_tokens, leg.kv_tokens, leg.transfers, leg.transfer_bytes,

@@ -49,11 +49,11 @@ from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
 from router.state.redis_queue import WriteQueue
-from router.state.redis_views import book_reply, combined, drop_ops, merged_loads, refresh_ops, shard_reads
+from router.state.redis_views import IDLE, book_reply, combined, drop_ops, merged_loads, refresh_ops, shard_reads
 
 log = logging.getLogger(__name__)
 
-_IDLE = Load()
+_IDLE = IDLE  # the views' own: idle is compared by identity
 
 
 class RedisStore(StateStore):
@@ -97,7 +97,7 @@ class RedisStore(StateStore):
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
         self._remote: dict[str, Load] = {}  # the other replicas' load on each instance, as last read (KV 0)
         self._shared_kv: dict[str, int] = {}  # each instance's booked KV in Redis, every replica's (redis_views.combined)
-        self._parsed: dict[str, Load] = {}  # stored load text -> Load (bounded in parse_load)
+        self._parsed: dict[str, tuple[Load, int]] = {}  # stored load text -> (others' load, KV) (bounded: shared_of)
         self._refresher: asyncio.Task[None] | None = None
         self._round_trips = 0
         self._breaker = Breaker(breaker_failures, breaker_probe_s)
@@ -239,11 +239,12 @@ class RedisStore(StateStore):
                     depth = None if reply is None else {str(reply[j]): int(reply[j + 1]) for j in range(0, len(reply), 2)}
                     first_lookup = False
             elif op.code == "B":
-                for instance, member in book_reply(op, reply, loads, kv, self._parsed):
+                for instance, member in book_reply(op, reply, loads, kv, self._parsed, self.replica):
                     shard, key = self._layout.parse_member(member)
                     self._writes.unhold(shard, [(key, instance)])
         remote, shared_kv = self._remote, self._shared_kv
-        changed = [inst for inst, load in loads.items() if remote.get(inst) != load or shared_kv.get(inst) != kv[inst]]
+        changed = [inst for inst, load in loads.items()
+                   if remote.get(inst) is not load or shared_kv.get(inst) != kv[inst]]
         remote.update(loads)
         shared_kv.update(kv)
         self._reindex(changed)
@@ -272,7 +273,7 @@ class RedisStore(StateStore):
     def _reindex(self, instances: Collection[str]) -> None:
         for inst in instances:
             own, other, kv = self._mirror.load_of(inst), self._remote.get(inst, _IDLE), self._shared_kv.get(inst, 0)
-            quiet = (other is _IDLE or other == _IDLE) and kv <= own.kv_tokens
+            quiet = other is _IDLE and kv <= own.kv_tokens
             self._index.update(inst, own if quiet else combined(own, other, kv))
 
     # -- the decision --------------------------------------------------------------------
@@ -305,7 +306,7 @@ class RedisStore(StateStore):
         if missed and widen is not None:
             considered += widen(missed)
         matched = {i: depth.get(i, 0) for i in considered}
-        if matched == local.matched and all(remote.get(i, _IDLE) == s for i, s in zip(instances, seen)):
+        if matched == local.matched and all(remote.get(i, _IDLE) is s for i, s in zip(instances, seen)):
             # No news from elsewhere: what changed since the choice is this replica's own
             # bookings and releases, made by decisions that saw this one's.
             return self._keep(booking, local)

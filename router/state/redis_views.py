@@ -8,12 +8,13 @@ from typing import Any
 from router.state.base import Booking, Leg, Load
 from router.state.redis_layout import Layout, Op
 
-_IDLE = Load()
+IDLE = _IDLE = Load()  # the one idle load of the Redis store's views: tested by identity (others)
 
 
 def parse_load(packed: str, memo: dict[str, Load] | None = None) -> Load:
-    """A stored "requests:prefill:kv:transfers:transfer_bytes" ('' is idle). ``memo``: the
-    caller's bounded cache (the same few values come back on every answer)."""
+    """A stored "requests:prefill:kv:transfers:transfer_bytes" ('' is idle; the replicas'
+    shares after it, if any, left out: split_load). ``memo``: the caller's bounded cache (the
+    same few values come back on every answer)."""
     if not packed:
         return _IDLE
     if memo is None:
@@ -28,7 +29,7 @@ def parse_load(packed: str, memo: dict[str, Load] | None = None) -> Load:
 
 def _parse(packed: str) -> Load:
     try:
-        return Load(*(max(0, int(part)) for part in packed.split(":")))
+        return Load(*(max(0, int(part)) for part in packed.split("|", 1)[0].split(":")))
     except (ValueError, TypeError):  # written by something else: counts as idle, as in the scripts
         return _IDLE
 
@@ -43,13 +44,44 @@ def combined(own: Load, other: Load, shared_kv: int) -> Load:
                        own.transfer_bytes + other.transfer_bytes).with_head(own.prefill_started_s, own.prefill_head_tokens)
 
 
+def split_load(packed: str, replica: str, memo: dict[str, Load] | None = None) -> tuple[Load, Load]:
+    """(total, ``replica``'s share) of a stored value "<total>|<replica>=<share>|..." (lua/ops.lua add_load)."""
+    bar = packed.find("|")
+    if bar < 0:
+        return parse_load(packed, memo), _IDLE
+    total = parse_load(packed[:bar], memo)
+    key = f"|{replica}="
+    at = packed.find(key, bar)
+    if at < 0:
+        return total, _IDLE
+    end = packed.find("|", at + 1)
+    return total, parse_load(packed[at + len(key):end] if end >= 0 else packed[at + len(key):], memo)
+
+
 def others(total: Load, mine: Load) -> Load:
-    """The stored total less this replica's stored share: the other replicas' load (KV left
-    out: the shares carry none)."""
-    if total is _IDLE:
+    """The stored total less this replica's stored share: the other replicas' load, KV left
+    out (the shares carry none) unless this replica has no share there. Idle is ``_IDLE``
+    itself, so callers test it by identity."""
+    if total is _IDLE or mine is _IDLE:
+        return total
+    r, p = max(0, total.requests - mine.requests), max(0, total.prefill_tokens - mine.prefill_tokens)
+    t, b = max(0, total.transfers - mine.transfers), max(0, total.transfer_bytes - mine.transfer_bytes)
+    if not (r or p or t or b):
         return _IDLE
-    return Load.booked(max(0, total.requests - mine.requests), max(0, total.prefill_tokens - mine.prefill_tokens),
-                       0, max(0, total.transfers - mine.transfers), max(0, total.transfer_bytes - mine.transfer_bytes))
+    return Load.booked(r, p, 0, t, b)
+
+
+def shared_of(packed: str, replica: str, memo: dict[str, tuple[Load, int]]) -> tuple[Load, int]:
+    """(the other replicas' load, every replica's booked KV) of a stored value. ``memo``: the
+    caller's bounded cache: the same few values come back on every answer, and the same value
+    gives the same object, so an unchanged view compares by identity."""
+    hit = memo.get(packed)
+    if hit is None:
+        if len(memo) > 4096:
+            memo.clear()
+        total, mine = split_load(packed, replica)
+        hit = memo[packed] = (others(total, mine), total.kv_tokens)
+    return hit
 
 
 def shard_reads(layout: Layout, instances: Sequence[str], booking: Booking | None) -> dict[str, tuple[list[str], list[Leg]]]:
@@ -92,29 +124,22 @@ def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], shared_kv:
                         max(0, mine.kv_tokens - kvs.get(inst, leg.kv_tokens)), max(0, mine.transfers - leg.transfers),
                         max(0, mine.transfer_bytes - leg.transfer_bytes))
         other, kv = remote.get(inst, _IDLE), shared_kv.get(inst, 0)
-        loads[inst] = mine if (other is _IDLE or other == _IDLE) and kv <= mine.kv_tokens else combined(mine, other, kv)
+        loads[inst] = mine if other is _IDLE and kv <= mine.kv_tokens else combined(mine, other, kv)
     return loads
 
 
 def book_reply(op: Op, reply: Any, loads: dict[str, Load], kv: dict[str, int],
-               memo: dict[str, Load]) -> list[tuple[str, str]]:
+               memo: dict[str, tuple[Load, int]], replica: str) -> list[tuple[str, str]]:
     """Read one book op's reply: the other replicas' share of the loads it read and of its
-    shard's least loaded go into ``loads`` (the total less this replica's share: Layout.book),
-    their shared KV into ``kv``; returns (instance, residency member) of each entry capacity
-    evicted."""
+    shard's least loaded go into ``loads`` (the total less ``replica``'s share: shared_of),
+    their booked KV into ``kv``; returns (instance, residency member) of each entry capacity evicted."""
     read = op.args[4:4 + int(op.args[3])]
-    mine = reply[4] if len(reply) > 4 and reply[4] else [""] * len(read)
-    for inst, packed, own in zip(read, reply[0], mine):
-        total = parse_load(packed, memo)
-        loads[str(inst)] = others(total, parse_load(own, memo))
-        kv[str(inst)] = total.kv_tokens
+    for inst, packed in zip(read, reply[0]):
+        loads[str(inst)], kv[str(inst)] = shared_of(packed, replica, memo)
     low = reply[1]
-    low_mine = reply[5] if len(reply) > 5 and reply[5] else [""] * (len(low) // 2)
     for j in range(0, len(low), 2):
         if low[j] not in loads:
-            total = parse_load(low[j + 1], memo)
-            loads[low[j]] = others(total, parse_load(low_mine[j // 2], memo))
-            kv[low[j]] = total.kv_tokens
+            loads[low[j]], kv[low[j]] = shared_of(low[j + 1], replica, memo)
     evicted = reply[2]
     return [(evicted[j], evicted[j + 1]) for j in range(0, len(evicted), 2)]
 

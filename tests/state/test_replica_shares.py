@@ -29,15 +29,17 @@ async def started(target, prefix, **kw):
 
 
 async def share_fields(target, store) -> list[str]:
-    """The replica-share fields (<instance>\\x1f<replica>) left in every instance shard's loads hash."""
+    """"<instance>:<replica>" of every replica share left in the instance shards' loads (lua/ops.lua add_load)."""
     url, cluster = target
     client = aioredis.RedisCluster.from_url(url, decode_responses=True) if cluster else \
         aioredis.from_url(url, decode_responses=True)
     try:
-        fields: list[str] = []
+        found: list[str] = []
         for tag in store.layout.instance_tags():
-            fields += [f for f in await client.hkeys(tag + ":loads") if "\x1f" in f and f != LOADS_PAD]
-        return fields
+            for inst, value in (await client.hgetall(tag + ":loads")).items():
+                if inst != LOADS_PAD:
+                    found += [f"{inst}:{part.split('=')[0]}" for part in value.split("|")[1:]]
+        return sorted(found)
     finally:
         await client.aclose()
 
@@ -111,10 +113,46 @@ async def test_dropping_an_instance_drops_every_replicas_share_of_it(redis_targe
         assert len(await share_fields(redis_target, one)) == 3
         await one.drop_instance("a")
         left = await share_fields(redis_target, one)
-        assert left == [f"b\x1f{two.replica}"]
+        assert left == [f"b:{two.replica}"]
         await two.release(kept)  # into the dropped instance: nothing comes back
         await two.release(other)
         assert await share_fields(redis_target, one) == []
     finally:
         await one.close()
         await two.close()
+
+
+async def test_a_share_in_the_middle_leaves_its_neighbours_whole(redis_target, key_prefix):
+    stores = [await started(redis_target, key_prefix) for _ in range(3)]
+    try:
+        held = [(await s.decide([], INSTANCES, GreedyChooser(f"m{n}", [], only="a")))[1] for n, s in enumerate(stores)]
+        _, more = await stores[2].decide([], INSTANCES, GreedyChooser("m3", [], only="a"))
+        assert await share_fields(redis_target, stores[0]) == sorted(f"a:{s.replica}" for s in stores)
+        await stores[1].release(held[1])  # the middle segment goes; the others keep their counts
+        assert await share_fields(redis_target, stores[0]) == sorted(f"a:{s.replica}" for s in (stores[0], stores[2]))
+        observer = stores[0]
+        await observer.decide([], INSTANCES, GreedyChooser("look", [], only="b"))
+        assert observer._remote["a"].requests == 2  # the third replica's two; its own one is not counted as theirs
+        view = await observer.snapshot([], INSTANCES)
+        assert view.loads["a"].requests == 3
+        await stores[2].release(held[2])
+        await stores[2].release(more)
+        await stores[0].release(held[0])
+        assert [f for f in await share_fields(redis_target, observer) if f.startswith("a:")] == []
+    finally:
+        for s in stores:
+            await s.close()
+
+
+def test_a_stored_value_splits_into_the_total_and_one_replicas_share():
+    from router.state.base import Load
+    from router.state.redis_views import others, parse_load, split_load
+
+    value = "3:200:900:1:64|aa=1:100:0:0:0|bb=2:100:0:1:64"
+    total, mine = split_load(value, "aa", {})
+    assert total == Load(3, 200, 900, 1, 64) and mine == Load(1, 100, 0, 0, 0)
+    assert split_load(value, "bb", {})[1] == Load(2, 100, 0, 1, 64)
+    assert split_load(value, "cc", {})[1] == Load()  # no share of its own there
+    assert others(total, mine) == Load(2, 100, 0, 1, 64)  # KV is not split by replica: the others' share carries none
+    assert parse_load(value) == total  # a reader of the total alone skips the shares
+    assert split_load("1:1:1:0:0", "aa", {}) == (Load(1, 1, 1, 0, 0), Load())

@@ -11,8 +11,8 @@
 --   :b:<block key>  hash instance -> time the instance was last recorded holding it (ms); the key in 16 hex digits
 --   :fg             hash instance -> time its residency was last forgotten (ms)
 -- Instance shard {P:i<n>} (instances whose name hashes to n):
---   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes"; <instance>\31<replica id> -> the
---                   share of it booked by that router replica (same format); \30pad -> a long value (LOADS_PAD)
+--   :loads          hash instance -> "requests:prefill:kv:transfers:transfer_bytes", then "|<replica id>=<its share>"
+--                   per router replica with load there (add_load); \30pad -> a long value (LOADS_PAD)
 --   :lz             zset instance -> load key (prefill + requests x request_tokens), loaded only
 --   :bk             hash booking id -> flag ('0' booked, '2' remote prefill done, '1' first byte) + the booking
 --                   replica's id + \28 + this shard's legs (\30 between legs, \31 between fields)
@@ -73,25 +73,39 @@ local function moved(old, req, pf, kv, tx, tb)
   return string.format('%d:%d:%d:%d:%d', r, p, v, t, y), r, p  -- clamped: exact
 end
 
--- Move an instance's booked load, and (rep: the booking replica's id) that replica's own share
--- of it, field <inst>\31<rep> of the same hash: a replica reads both and so tells the other
--- replicas' load from its own, which it knows before Redis does (redis_store.py). The share
--- leaves KV out (always 0): booked KV is the union of the blocks pinned by every replica's
--- bookings (pins.lua), which no replica's share can be subtracted from.
+-- Move an instance's booked load, and (rep: the booking replica's id) that replica's share of
+-- it, carried in the same value: "<total>|<rep>=<share>|<rep>=<share>...", one segment per
+-- replica with load there (same format, KV left out: always 0, since booked KV is the union
+-- of the blocks pinned by every replica's bookings, which no share can be taken out of). A
+-- replica reads the value and tells the other replicas' load from its own, which it knows
+-- before Redis does (redis_store.py); in one field, the share costs no command of its own.
 local function add_load(S, inst, req, pf, kv, tx, tb, rep)
-  local packed, r, p = moved(redis.call('HGET', S.loads, inst), req, pf, kv, tx, tb)
+  local old = redis.call('HGET', S.loads, inst)
+  local head, tail = old, ''
+  if old then
+    local bar = string.find(old, '|', 1, true)
+    if bar then head, tail = string.sub(old, 1, bar - 1), string.sub(old, bar) end
+  end
+  local packed, r, p = moved(head, req, pf, kv, tx, tb)
   if packed == '' then
-    redis.call('HDEL', S.loads, inst)  -- absent means idle: instances that come and go leave nothing behind
+    redis.call('HDEL', S.loads, inst)  -- absent means idle (shares with it): instances that come and go leave nothing behind
     redis.call('ZREM', S.lz, inst)
-  else
-    redis.call('HSET', S.loads, inst, packed)
-    redis.call('ZADD', S.lz, p + r * S.rt, inst)
+    return
   end
   if rep and rep ~= '' then
-    local own = inst .. '\31' .. rep
-    local mine = moved(redis.call('HGET', S.loads, own), req, pf, 0, tx, tb)
-    if mine == '' then redis.call('HDEL', S.loads, own) else redis.call('HSET', S.loads, own, mine) end
+    local key = '|' .. rep .. '='
+    local at = string.find(tail, key, 1, true)
+    local mine = nil
+    if at then
+      local after = string.find(tail, '|', at + 1, true)
+      mine = string.sub(tail, at + #key, after and after - 1 or -1)
+      tail = string.sub(tail, 1, at - 1) .. (after and string.sub(tail, after) or '')
+    end
+    mine = moved(mine, req, pf, 0, tx, tb)
+    if mine ~= '' then tail = tail .. key .. mine end
   end
+  redis.call('HSET', S.loads, inst, packed .. tail)
+  redis.call('ZADD', S.lz, p + r * S.rt, inst)
 end
 
 -- A booking's legs: {inst, prefill, kv, transfers, transfer_bytes, transient, block tokens,
@@ -313,9 +327,9 @@ end
 -- look-up before it in the same call got (a standalone Redis's one call sends them once; one argument
 -- instead of one per block halves what the router packs per decision, and the fixed width
 -- lets the script read block d without parsing the others); LRU members are "<shard>:<hex>".
--- Then the booking replica's id ('' for none). Reply: {loads of the read instances, {inst,
--- load} of the nlow least loaded, {inst, evicted member, ...}, 1 if booked now, that replica's
--- own share of the read loads, and of the least loaded's}; loads are read before this booking.
+-- Then the booking replica's id ('' for none). Reply: {loads of the read instances (each
+-- replica's share with them: add_load), {inst, load} of the nlow least loaded, {inst, evicted
+-- member, ...}, 1 if booked now}; loads are read before this booking.
 local function op_book(k0, nk, a0)
   local S = shard(k0, ARGV[a0 + 2])
   local id, lease_ms = ARGV[a0], tonumber(ARGV[a0 + 1])
@@ -323,25 +337,16 @@ local function op_book(k0, nk, a0)
   local nread = tonumber(ARGV[a])
   local nlow, nlegs = tonumber(ARGV[a + nread + 1]), tonumber(ARGV[a + nread + 2])
   local rep = ARGV[a + nread + 3 + 8 * nlegs + 2] or ''
-  local read, mine = {}, {}
+  local read = {}
   for i = 1, nread do read[i] = ARGV[a + i] end
   a = a + nread + 1
   local loads = hmget_all(S.loads, read, {})
-  if rep ~= '' then
-    for i = 1, nread do mine[i] = read[i] .. '\31' .. rep end
-    mine = hmget_all(S.loads, mine, {})
-  end
-  local low, low_mine = {}, {}
+  local low = {}
   if nlow > 0 then
     local ids = redis.call('ZRANGE', S.lz, 0, nlow - 1)
     if #ids > 0 then
       local packed = redis.call('HMGET', S.loads, unpack(ids))
       for j = 1, #ids do low[#low + 1] = ids[j]; low[#low + 1] = packed[j] or '' end
-      if rep ~= '' then
-        local own = {}
-        for j = 1, #ids do own[j] = ids[j] .. '\31' .. rep end
-        low_mine = hmget_all(S.loads, own, {})
-      end
     end
   end
   a = a + 2
@@ -376,7 +381,7 @@ local function op_book(k0, nk, a0)
     redis.call('HSET', S.bk, id, '0' .. rep .. '\28' .. table.concat(parts, '\30') .. (pinned and ('\29' .. hex) or ''))
     redis.call('ZADD', S.leases, now_ms() + lease_ms, id)
   end
-  return {loads, low, evicted, booked, mine, low_mine}
+  return {loads, low, evicted, booked}
 end
 
 -- 'W' (instance shard): writes that need no answer. KEYS loads, lz, bk, leases; ARGV
@@ -415,18 +420,13 @@ local function op_unremember(k0, nk, a0, na)
   return na
 end
 
--- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load, every
--- replica's share of it, and its pin epoch (bookings still in flight release into the ended
--- one). KEYS lru, loads, lz, pin; ARGV inst, drop_load (0/1). (The shares are found by reading
--- the shard's field names: O(fields), for an instance leaving, not per request.)
+-- 'F' (instance shard): drop an instance's LRU, and with drop_load its booked load (every
+-- replica's share with it) and its pin epoch (bookings still in flight release into the
+-- ended one). KEYS lru, loads, lz, pin; ARGV inst, drop_load (0/1).
 local function op_forget(k0, nk, a0)
   local size = redis.call('ZCARD', KEYS[k0])
   redis.call('DEL', KEYS[k0])
   if ARGV[a0 + 1] == '1' then
-    local head = ARGV[a0] .. '\31'
-    for _, f in ipairs(redis.call('HKEYS', KEYS[k0 + 1])) do
-      if string.sub(f, 1, #head) == head then redis.call('HDEL', KEYS[k0 + 1], f) end
-    end
     redis.call('HDEL', KEYS[k0 + 1], ARGV[a0])
     redis.call('ZREM', KEYS[k0 + 2], ARGV[a0])
     redis.call('HDEL', KEYS[k0 + 3], ARGV[a0])
