@@ -2,6 +2,7 @@
 elsewhere, never for this replica's own bookings made while its call was out."""
 
 import asyncio
+import contextlib
 
 import redis.asyncio as aioredis
 
@@ -26,6 +27,17 @@ async def started(target, prefix, **kw):
     store = RedisStore(url, CAPS, key_prefix=prefix, cluster=cluster, **kw)
     await store.start()
     return store
+
+
+@contextlib.asynccontextmanager
+async def replicas(target, prefix, n, **kw):
+    """``n`` router replicas' stores on one namespace, closed after."""
+    stores = [await started(target, prefix, **kw) for _ in range(n)]
+    try:
+        yield stores
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def share_fields(target, store) -> list[str]:
@@ -62,9 +74,7 @@ async def test_own_concurrent_bookings_are_no_news(redis_target, key_prefix):
 
 
 async def test_another_replicas_load_is_news_and_moves_the_choice(redis_target, key_prefix):
-    busy = await started(redis_target, key_prefix)
-    late = await started(redis_target, key_prefix)
-    try:
+    async with replicas(redis_target, key_prefix, 2) as (busy, late):
         held = [(await busy.decide([], INSTANCES, GreedyChooser(f"h{n}", [], only="a")))[1] for n in range(3)]
         # late has never read "a": it believes both idle, picks "a" (by name), and the round
         # trip shows the other replica's three requests there
@@ -83,9 +93,6 @@ async def test_another_replicas_load_is_news_and_moves_the_choice(redis_target, 
         await late.release(moved)
         await late.release(second)
         assert await share_fields(redis_target, late) == []
-    finally:
-        await busy.close()
-        await late.close()
 
 
 async def test_a_crashed_replicas_share_goes_with_its_leases(redis_target, key_prefix):
@@ -104,9 +111,7 @@ async def test_a_crashed_replicas_share_goes_with_its_leases(redis_target, key_p
 
 
 async def test_dropping_an_instance_drops_every_replicas_share_of_it(redis_target, key_prefix):
-    one = await started(redis_target, key_prefix)
-    two = await started(redis_target, key_prefix)
-    try:
+    async with replicas(redis_target, key_prefix, 2) as (one, two):
         await one.decide([1], INSTANCES, GreedyChooser("x", [1], only="a"))
         _, kept = await two.decide([2], INSTANCES, GreedyChooser("y", [2], only="a"))
         _, other = await two.decide([3], INSTANCES, GreedyChooser("z", [3], only="b"))
@@ -117,14 +122,10 @@ async def test_dropping_an_instance_drops_every_replicas_share_of_it(redis_targe
         await two.release(kept)  # into the dropped instance: nothing comes back
         await two.release(other)
         assert await share_fields(redis_target, one) == []
-    finally:
-        await one.close()
-        await two.close()
 
 
 async def test_a_share_in_the_middle_leaves_its_neighbours_whole(redis_target, key_prefix):
-    stores = [await started(redis_target, key_prefix) for _ in range(3)]
-    try:
+    async with replicas(redis_target, key_prefix, 3) as stores:
         held = [(await s.decide([], INSTANCES, GreedyChooser(f"m{n}", [], only="a")))[1] for n, s in enumerate(stores)]
         _, more = await stores[2].decide([], INSTANCES, GreedyChooser("m3", [], only="a"))
         assert await share_fields(redis_target, stores[0]) == sorted(f"a:{s.replica}" for s in stores)
@@ -139,9 +140,6 @@ async def test_a_share_in_the_middle_leaves_its_neighbours_whole(redis_target, k
         await stores[2].release(more)
         await stores[0].release(held[0])
         assert [f for f in await share_fields(redis_target, observer) if f.startswith("a:")] == []
-    finally:
-        for s in stores:
-            await s.close()
 
 
 def test_a_stored_value_splits_into_the_total_and_one_replicas_share():
