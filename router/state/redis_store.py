@@ -15,11 +15,12 @@ One round trip per routing decision: the policy chooses on this replica's local 
 view and book the choice. If the authoritative view would not have accepted the choice
 (another replica booked the same instance, or holds the prefix elsewhere), a second call
 moves the booking; that correction is counted. Redis keeps each replica's share of every
-instance's load beside the total, so a replica reads the other replicas' load exactly and
-adds its own (which it knows first): the policy is asked again only when the round trip
-brought news from elsewhere (residency, or another replica's load on a candidate), never
-for this replica's own bookings and releases made while the call was out, which the
-decisions that made them had already seen. Candidate pruning (load_index,
+instance's load with the total (one value: lua/ops.lua add_load), so a replica reads the
+other replicas' load exactly and adds its own (which it knows first): the policy is asked
+again only when the round trip brought news from elsewhere (residency, or another
+replica's load on a candidate), never for this replica's own bookings and releases made
+while the call was out, which the decisions that made them had already seen. Candidate
+pruning (load_index,
 first_block_holders) reads the mirror and a load index over the shared loads this replica
 has seen: every answer carries each queried shard's least-loaded instances and every holder
 of the prompt's first block, and a holder that pruning left out is offered to the policy
@@ -95,7 +96,7 @@ class RedisStore(StateStore):
         self._client: aioredis.Redis | aioredis.RedisCluster | None = None
         self._runner: Runner | None = None
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
-        self._remote: dict[str, Load] = {}  # the other replicas' load on each instance, as last read (KV 0)
+        self._remote: dict[str, Load] = {}  # the other replicas' load on each instance, as last read (its KV unused)
         self._shared_kv: dict[str, int] = {}  # each instance's booked KV in Redis, every replica's (redis_views.combined)
         self._parsed: dict[str, tuple[Load, int]] = {}  # stored load text -> (others' load, KV) (bounded: shared_of)
         self._refresher: asyncio.Task[None] | None = None

@@ -108,7 +108,7 @@ def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], shared_kv:
     """Per instance, this replica's own bookings plus the other replicas' (``remote``), KV
     the larger of its own and the shared total (``shared_kv``: combined says why).
 
-    Redis keeps each replica's share of an instance's load beside the total (lua/ops.lua), so
+    Redis keeps each replica's share of an instance's load with the total (lua/ops.lua), so
     a replica reads the others' load exactly and adds its own, which it knows before Redis
     does (its queued writes, its bookings in flight). ``minus``: a booking of this replica's
     own taken out of ``own``; ``minus_kv``: the KV it added per instance, where that is not
