@@ -49,7 +49,7 @@ from router.state.load_index import LoadIndex
 from router.state.memory import MemoryStore
 from router.state.redis_calls import FAILURES, LinearPackConnection, Runner, cluster_client
 from router.state.redis_layout import Layout, Op
-from router.state.redis_queue import WriteQueue
+from router.state.redis_link import Link
 from router.state.redis_views import IDLE, book_reply, combined, drop_ops, merged_loads, refresh_ops, shard_reads
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class RedisStore(StateStore):
         self._cluster = cluster
         self._declare = cluster if declare_keys is None else declare_keys  # every key in KEYS? (Layout.lookup)
         self._layout = Layout(key_prefix, residency_shards, instance_shards)
-        self._writes = WriteQueue(self._layout, request_tokens, flush_s, self._send_queued)
+        self._link = Link(self._layout, request_tokens, flush_s, Breaker(breaker_failures, breaker_probe_s))
+        self._writes = self._link.writes
         self._caps = dict(caps)
         self._default_cap = default_cap
         self._lease_ms = int(lease_s * 1000)
@@ -94,20 +95,16 @@ class RedisStore(StateStore):
         self._index = LoadIndex(request_tokens)  # over own plus the other replicas' loads
         self.replica = secrets.token_hex(6)  # this store's share of each load in Redis is filed under it
         self._client: aioredis.Redis | aioredis.RedisCluster | None = None
-        self._runner: Runner | None = None
         self._active: dict[str, Booking] = {}  # booked in Redis, lease refreshed by us
         self._remote: dict[str, Load] = {}  # the other replicas' load on each instance, as last read (its KV unused)
         self._shared_kv: dict[str, int] = {}  # each instance's booked KV in Redis, every replica's (redis_views.combined)
         self._parsed: dict[str, tuple[Load, int]] = {}  # stored load text -> (others' load, KV) (bounded: shared_of)
         self._refresher: asyncio.Task[None] | None = None
-        self._round_trips = 0
-        self._breaker = Breaker(breaker_failures, breaker_probe_s)
         # Bookings whose route call timed out: a hung Redis may still run it once it wakes up,
         # which would leave phantom load until the lease ran out. Dropped once Redis answers again.
         self._uncertain: dict[str, Booking] = {}
         self.corrections = 0
         self.revisions = 0  # decisions whose policy ran again on news the round trip brought
-        self.errors = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -117,84 +114,52 @@ class RedisStore(StateStore):
             self._client = cluster_client(self._url, **opts)
         else:
             self._client = aioredis.from_url(self._url, **opts)
-        self._runner = Runner(self._client, self._cluster, timeout_s=self._timeout_s)
+        runner = self._link.runner = Runner(self._client, self._cluster, timeout_s=self._timeout_s)
         with contextlib.suppress(*FAILURES):  # else loaded on first use
-            await self._runner.load()
+            await runner.load()
         self._refresher = asyncio.create_task(self._refresh_loop(), name="pd-router-lease-refresh")
 
     async def close(self) -> None:
         self._writes.cancel_timer()
-        if self._writes and self._runner is not None:
-            await self._send_queued()
+        if self._writes and self._link.runner is not None:
+            await self._link.send_queued()
         await self._writes.wait()
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
-        if self._runner is not None:
-            await self._runner.close()
+        if self._link.runner is not None:
+            await self._link.runner.close()
         if self._client is not None:
             await self._client.aclose()
 
     @property
     def round_trips(self) -> int:
-        return self._round_trips
+        return self._link.round_trips
+
+    @property
+    def errors(self) -> int:
+        """Failed calls: decisions that fell back to the local view, and best-effort writes."""
+        return self._link.errors
 
     @property
     def degraded(self) -> bool:
         """True while the breaker holds Redis off: decisions use this replica's view only."""
-        return self._breaker.open
+        return self._link.breaker.open
 
     @property
     def slot_retries(self) -> int:
         """Cluster calls sent a second time because their slot was moving (resharding)."""
-        return self._runner.slot_retries if self._runner is not None else 0
+        return self._link.runner.slot_retries if self._link.runner is not None else 0
 
     @property
     def residency_skipped(self) -> int:
         """Residency calls given up on while their slot moved (decided on this replica's view)."""
-        return self._runner.residency_skipped if self._runner is not None else 0
+        return self._link.runner.residency_skipped if self._link.runner is not None else 0
 
     @property
     def layout(self) -> Layout:
         return self._layout
-
-    # -- calls ---------------------------------------------------------------------------
-    async def _call(self, ops: list[Op]) -> list[Any]:
-        """``ops`` in one round trip, with the queued writes in front of them; their replies."""
-        assert self._runner is not None, "RedisStore.start() was not awaited"
-        if not self._breaker.allow():
-            raise BreakerOpen("state store breaker open")
-        queued, taken = self._writes.take()
-        self._round_trips += 1
-        try:
-            replies = await self._runner.run(queued + ops)
-        except BaseException as exc:
-            self._writes.restore(taken)
-            if isinstance(exc, FAILURES):
-                self._breaker.failure()
-            raise
-        self._breaker.success()
-        return replies[len(queued):]
-
-    async def _send_queued(self) -> None:
-        """The queued writes alone, in one round trip (a release, or the timer)."""
-        if not self._writes or not self._breaker.allow():  # held off: they wait (or their leases expire)
-            return
-        try:
-            await self._call([])
-        except FAILURES as exc:
-            self.errors += 1
-            log.warning("state store batch of writes failed (leases will expire): %s", exc)
-
-    async def _best_effort(self, what: str, ops: list[Op]) -> None:
-        # A failed release is not lost: the lease stops being refreshed and expires.
-        try:
-            await self._call(ops)
-        except FAILURES as exc:
-            self.errors += 1
-            if not isinstance(exc, BreakerOpen):
-                log.warning("state store %s failed (lease will expire): %s", what, exc)
 
     # -- reads ---------------------------------------------------------------------------
     def _read_ops(self, keys: Sequence[int], instances: Sequence[str], booking: Booking | None,
@@ -257,7 +222,7 @@ class RedisStore(StateStore):
 
     async def snapshot(self, keys: Sequence[int], instances: Sequence[str]) -> Snapshot:
         ops = self._read_ops(keys, instances, None, record=False)
-        depth, loads = self._absorb(ops, await self._call(ops), keys)
+        depth, loads = self._absorb(ops, await self._link.call(ops), keys)
         if depth is None:  # the residency shard is moving: this replica's own view of it
             depth = self._mirror.snapshot_now(keys, instances).matched
         own, kv = self._mirror.load_of, self._shared_kv
@@ -287,9 +252,9 @@ class RedisStore(StateStore):
         self._reindex(booking.instances)
         ops = self._read_ops(keys, instances, booking, record=True)
         try:
-            replies = await self._call(ops)
+            replies = await self._link.call(ops)
         except FAILURES as exc:
-            self.errors += 1
+            self._link.errors += 1
             if not isinstance(exc, BreakerOpen):  # the breaker logged its opening once
                 log.warning("state store unreachable, deciding on the local view: %s", exc)
                 if len(self._uncertain) < 100_000:  # bounded: beyond it, the leases clean up
@@ -338,9 +303,9 @@ class RedisStore(StateStore):
         self.corrections += 1
         ops = drop_ops(self._layout, self._request_tokens, booking, shared) + self._read_ops(revised.keys, (), revised, record=True)
         try:
-            replies = await self._call(ops)
+            replies = await self._link.call(ops)
         except FAILURES as exc:
-            self.errors += 1
+            self._link.errors += 1
             log.warning("could not move booking %s: %s", booking.id, exc)
             return booking
         self._absorb(ops, replies, revised.keys)
@@ -372,19 +337,19 @@ class RedisStore(StateStore):
         self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
             self._writes.put(booking, "R", arm=False)  # supersedes a queued prefill done of the same booking
-            await self._send_queued()  # with every other write queued: one round trip
+            await self._link.send_queued()  # with every other write queued: one round trip
 
     async def abandon(self, booking: Booking, held: dict[str, int]) -> None:
         await self._mirror.abandon(booking, held)
         self._reindex(booking.instances)
         if self._active.pop(booking.id, None) is not None:
             self._writes.discard(booking.id)  # the abandon drops the booking: nothing queued for it is left to do
-            await self._best_effort("abandon", drop_ops(self._layout, self._request_tokens, booking, held))
+            await self._link.best_effort("abandon", drop_ops(self._layout, self._request_tokens, booking, held))
 
     async def forget_instance(self, instance: str) -> None:
         await self._mirror.forget_instance(instance)
         ops = self._layout.forget_marks(instance, self._ttl_ms) + [self._layout.forget(instance, drop_load=False)]
-        await self._best_effort("forget", ops)
+        await self._link.best_effort("forget", ops)
 
     def set_capacity(self, instance: str, cap: int) -> None:
         self._caps[instance] = cap  # sent with every booking: the shared LRU evicts by it too
@@ -397,7 +362,7 @@ class RedisStore(StateStore):
         self._index.update(instance, None)
         self._caps.pop(instance, None)
         ops = self._layout.forget_marks(instance, self._ttl_ms) + [self._layout.forget(instance, drop_load=True)]
-        await self._best_effort("forget", ops)
+        await self._link.best_effort("forget", ops)
 
     async def _settle(self) -> None:
         """Drop the bookings a timed-out call may have made after all (idempotent: release of
@@ -406,7 +371,7 @@ class RedisStore(StateStore):
         for booking_id, booking in uncertain.items():
             if booking_id not in self._active:
                 self._writes.put(booking, "R", arm=False)
-        await self._send_queued()  # all of them in one batched round trip
+        await self._link.send_queued()  # all of them in one batched round trip
 
     async def _refresh_loop(self) -> None:
         period = max(0.05, self._lease_ms / 3000)
@@ -416,4 +381,4 @@ class RedisStore(StateStore):
 
     async def refresh_leases(self) -> None:
         """Extend every live booking's lease (one round trip), sweeping expired ones."""
-        await self._best_effort("refresh", refresh_ops(self._layout, self._active, self._lease_ms, self._request_tokens))
+        await self._link.best_effort("refresh", refresh_ops(self._layout, self._active, self._lease_ms, self._request_tokens))

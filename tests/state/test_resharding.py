@@ -113,7 +113,7 @@ async def test_a_slot_moving_under_traffic_loses_no_booking_and_leaves_no_load(r
         await asyncio.sleep(0.1)
         stop.set()
         await asyncio.gather(*workers)
-        await store._send_queued()
+        await store._link.send_queued()
         assert all(a != b for a, b in moves)
         assert store.errors == 0, "a decision or release fell back while the slot moved"
         assert missing == []
