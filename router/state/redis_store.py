@@ -238,9 +238,8 @@ class RedisStore(StateStore):
 
     def _reindex(self, instances: Collection[str]) -> None:
         for inst in instances:
-            own, other, kv = self._mirror.load_of(inst), self._remote.get(inst, _IDLE), self._shared_kv.get(inst, 0)
-            quiet = other is _IDLE and kv <= own.kv_tokens
-            self._index.update(inst, own if quiet else combined(own, other, kv))
+            self._index.update(inst, combined(self._mirror.load_of(inst), self._remote.get(inst, _IDLE),
+                                              self._shared_kv.get(inst, 0)))
 
     # -- the decision --------------------------------------------------------------------
     async def decide(self, keys: Sequence[int], instances: Sequence[str], choose: Chooser) -> tuple[Snapshot, Booking]:

@@ -11,23 +11,12 @@ from router.state.redis_layout import Layout, Op
 IDLE = _IDLE = Load()  # the one idle load of the Redis store's views: tested by identity (others)
 
 
-def parse_load(packed: str, memo: dict[str, Load] | None = None) -> Load:
+def parse_load(packed: str) -> Load:
     """A stored "requests:prefill:kv:transfers:transfer_bytes" ('' is idle; the replicas'
-    shares after it, if any, left out: split_load). ``memo``: the caller's bounded cache (the
-    same few values come back on every answer)."""
+    shares after it, if any, left out: split_load). Callers on the hot path memoize whole
+    values (shared_of)."""
     if not packed:
         return _IDLE
-    if memo is None:
-        return _parse(packed)
-    load = memo.get(packed)
-    if load is None:
-        if len(memo) > 4096:
-            memo.clear()
-        load = memo[packed] = _parse(packed)
-    return load
-
-
-def _parse(packed: str) -> Load:
     try:
         return Load(*(max(0, int(part)) for part in packed.split("|", 1)[0].split(":")))
     except (ValueError, TypeError):  # written by something else: counts as idle, as in the scripts
@@ -38,24 +27,26 @@ def combined(own: Load, other: Load, shared_kv: int) -> Load:
     """This replica's load plus the other replicas' (``other``: their share, KV left out),
     KV the larger of its own and the shared total ``shared_kv`` (the union of every replica's
     pinned blocks, which does not add up per replica; lua/ops.lua). Own's queue head is kept:
-    only this replica tracks one."""
+    only this replica tracks one. ``own`` itself when the others add nothing."""
+    if other is _IDLE and shared_kv <= own.kv_tokens:
+        return own
     return Load.booked(own.requests + other.requests, own.prefill_tokens + other.prefill_tokens,
                        max(own.kv_tokens, shared_kv), own.transfers + other.transfers,
                        own.transfer_bytes + other.transfer_bytes).with_head(own.prefill_started_s, own.prefill_head_tokens)
 
 
-def split_load(packed: str, replica: str, memo: dict[str, Load] | None = None) -> tuple[Load, Load]:
+def split_load(packed: str, replica: str) -> tuple[Load, Load]:
     """(total, ``replica``'s share) of a stored value "<total>|<replica>=<share>|..." (lua/ops.lua add_load)."""
     bar = packed.find("|")
     if bar < 0:
-        return parse_load(packed, memo), _IDLE
-    total = parse_load(packed[:bar], memo)
+        return parse_load(packed), _IDLE
+    total = parse_load(packed[:bar])
     key = f"|{replica}="
     at = packed.find(key, bar)
     if at < 0:
         return total, _IDLE
     end = packed.find("|", at + 1)
-    return total, parse_load(packed[at + len(key):end] if end >= 0 else packed[at + len(key):], memo)
+    return total, parse_load(packed[at + len(key):end] if end >= 0 else packed[at + len(key):])
 
 
 def others(total: Load, mine: Load) -> Load:
@@ -123,8 +114,7 @@ def merged_loads(own: Mapping[str, Load], remote: Mapping[str, Load], shared_kv:
             mine = Load(max(0, mine.requests - 1), max(0, mine.prefill_tokens - leg.prefill_tokens),
                         max(0, mine.kv_tokens - kvs.get(inst, leg.kv_tokens)), max(0, mine.transfers - leg.transfers),
                         max(0, mine.transfer_bytes - leg.transfer_bytes))
-        other, kv = remote.get(inst, _IDLE), shared_kv.get(inst, 0)
-        loads[inst] = mine if other is _IDLE and kv <= mine.kv_tokens else combined(mine, other, kv)
+        loads[inst] = combined(mine, remote.get(inst, _IDLE), shared_kv.get(inst, 0))
     return loads
 
 

@@ -147,10 +147,10 @@ def test_a_stored_value_splits_into_the_total_and_one_replicas_share():
     from router.state.redis_views import others, parse_load, split_load
 
     value = "3:200:900:1:64|aa=1:100:0:0:0|bb=2:100:0:1:64"
-    total, mine = split_load(value, "aa", {})
+    total, mine = split_load(value, "aa")
     assert total == Load(3, 200, 900, 1, 64) and mine == Load(1, 100, 0, 0, 0)
-    assert split_load(value, "bb", {})[1] == Load(2, 100, 0, 1, 64)
-    assert split_load(value, "cc", {})[1] == Load()  # no share of its own there
+    assert split_load(value, "bb")[1] == Load(2, 100, 0, 1, 64)
+    assert split_load(value, "cc")[1] == Load()  # no share of its own there
     assert others(total, mine) == Load(2, 100, 0, 1, 64)  # KV is not split by replica: the others' share carries none
     assert parse_load(value) == total  # a reader of the total alone skips the shares
-    assert split_load("1:1:1:0:0", "aa", {}) == (Load(1, 1, 1, 0, 0), Load())
+    assert split_load("1:1:1:0:0", "aa") == (Load(1, 1, 1, 0, 0), Load())
