@@ -96,6 +96,8 @@ class TTFTWeights(_Strict):
     tie_tolerance: float = Field(default=0.05, ge=0, lt=1, description="estimates within this fraction of the best are a tie, broken randomly")
     bounded_load_factor: float = Field(default=2.0, gt=1, description="an instance above this multiple of the mean in-flight load is skipped")
     bounded_load_slack: int = Field(default=8, ge=0, description="in-flight requests always allowed above the mean before the bound applies")
+    bounded_load_keep_tokens: int = Field(default=4096, ge=0, description="requests expected to find this many prompt tokens cached on an "
+                                          "instance are never pushed off it by the bound (leaving would recompute them); 0 = always bound")
 
 
 class CacheAwareWeights(_Strict):

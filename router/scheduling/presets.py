@@ -52,7 +52,8 @@ def ttft(params: NoParams, ctx: BuildContext) -> PolicySpec:
     if ctx.pd is not None:
         return _pd_ttft(ctx)
     return PipelineConfig(
-        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack), _ref("cache_room")],
+        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack,
+                              keep_tokens=w.bounded_load_keep_tokens), _ref("cache_room")],
         scorers=[_scorer("ttft")],
         picker=_ref("rendezvous", tolerance=w.tie_tolerance),
     )
@@ -65,7 +66,8 @@ def ttft_spread(params: NoParams, ctx: BuildContext) -> PolicySpec:
     if ctx.pd is not None:
         return _pd_ttft(ctx)
     return PipelineConfig(
-        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack)],
+        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack,
+                              keep_tokens=w.bounded_load_keep_tokens)],
         scorers=[_scorer("ttft")],
         picker=_ref("max_score", tolerance=w.tie_tolerance),
     )

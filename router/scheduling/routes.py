@@ -61,7 +61,8 @@ class PairRoutes:
     def __init__(self, weights: TTFTWeights, pd: PDConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self._w = weights
         self._pd = pd
-        self._bounded = BoundedLoadFilter(weights.bounded_load_factor, weights.bounded_load_slack)
+        self._bounded = BoundedLoadFilter(weights.bounded_load_factor, weights.bounded_load_slack,
+                                          weights.bounded_load_keep_tokens)
         self._decode_filters: tuple[Filter, ...] = (TBTFilter(pd), KVRoomFilter(), self._bounded)
         iso = pd.handoff.isolation
         self._isolation = ("budget" if pd.handoff.link_aware else "off") if iso == "auto" else iso

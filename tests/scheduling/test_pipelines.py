@@ -79,7 +79,8 @@ def test_every_preset_is_registered_and_builds_in_both_kinds_of_cluster(name):
 
 def test_a_preset_is_the_pipeline_it_names():
     ttft = TTFTWeights()
-    same = {"filters": [{"name": "bounded_load", "params": {"factor": ttft.bounded_load_factor, "slack": ttft.bounded_load_slack}},
+    same = {"filters": [{"name": "bounded_load", "params": {"factor": ttft.bounded_load_factor, "slack": ttft.bounded_load_slack,
+                                                             "keep_tokens": ttft.bounded_load_keep_tokens}},
                         {"name": "cache_room"}],
             "scorers": [{"name": "ttft"}], "picker": {"name": "rendezvous", "params": {"tolerance": ttft.tie_tolerance}}}
     preset, pipeline = declared(name="ttft"), declared(pipeline=same)

@@ -6,6 +6,8 @@ from collections import Counter
 
 from router.config.model import PolicyConfig, TTFTWeights
 from router.scheduling import Candidate, RouteRequest, build_policy
+from router.scheduling.filters import BoundedLoadFilter
+from router.scheduling.framework import build_views
 from router.scheduling.placement import CacheRoomFilter, rendezvous_weight
 from router.state.base import Load, Snapshot
 
@@ -116,6 +118,40 @@ def test_bounded_load_still_holds_over_the_home():
     # a is the home but already carries far more than its share of requests
     d = ttft().choose(req(), CANDS, snap(matched={"a": 32}, requests={"a": 24}))
     assert d.instance != "a" and d.filtered.get("a") == "bounded_load"
+
+
+def test_the_bound_never_pushes_a_long_held_prefix_off_its_home():
+    # a holds all 16K tokens of a long document and carries 24 requests (the bound is 14):
+    # leaving would recompute the document elsewhere, so the request stays home; with
+    # keep_tokens 0 (the bound as before) it is pushed off.
+    long = req(blocks=256, prompt=16384)
+    s = snap(matched={"a": 256}, requests={"a": 24})
+    assert ttft().choose(long, CANDS, s).instance == "a"
+    always = build_policy(PolicyConfig(name="ttft", ttft=W.model_copy(update={"bounded_load_keep_tokens": 0})),
+                          rng=random.Random(7))
+    pushed = always.choose(long, CANDS, s)
+    assert pushed.instance != "a" and pushed.filtered.get("a") == "bounded_load"
+
+
+def test_the_bound_still_pushes_a_long_prompt_off_an_instance_that_barely_holds_it():
+    # The exemption is for what leaving would recompute, not for the prompt's length: a
+    # holds 2K of the 16K (a system prompt), or all of it at a confidence of 0.1 (believed
+    # mostly evicted), so the bound moves the request as it moves short ones.
+    long = req(blocks=256, prompt=16384)
+    for s in (snap(matched={"a": 32}, requests={"a": 24}),
+              Snapshot(snap(matched={"a": 256}, requests={"a": 24}).matched,
+                       snap(requests={"a": 24}).loads, confidence={"a": 0.1})):
+        d = ttft().choose(long, CANDS, s)
+        assert d.instance != "a" and d.filtered.get("a") == "bounded_load"
+
+
+def test_the_exemption_keeps_the_bound_on_every_instance_that_does_not_hold_the_prompt():
+    # b holds the document but is over the bound; c is over it too and holds nothing:
+    # c stays skipped whatever the prompt's length
+    long = req(blocks=256, prompt=16384)
+    flt = BoundedLoadFilter(2.0, 8, keep_tokens=4096)
+    views = build_views(CANDS, snap(matched={"b": 256}, requests={"b": 30, "c": 30}))
+    assert {v.id for v in flt.keep(long, views)[0]} == {"a", "b", "d"}
 
 
 def test_replicas_agree_on_every_prefix_home_without_sharing_state():
