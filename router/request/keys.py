@@ -8,10 +8,8 @@ from router.request.prompt import ParsedRequest
 from router.scheduling.framework import RouteRequest
 
 
-def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str, default_max_tokens: int,
-                  arrived_s: float | None = None) -> RouteRequest:
-    """Block keys and token counts of a parsed request (keys of the first prompt of a batch);
-    ``arrived_s``: when it arrived (time.monotonic), None when it is no new arrival."""
+def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str, default_max_tokens: int) -> RouteRequest:
+    """Block keys and token counts of a parsed request (keys of the first prompt of a batch)."""
     seed = root_seed(parsed.model, hashing.seed)
     if parsed.tokens is not None:
         keys = token_block_keys(parsed.tokens, hashing.block_tokens, seed, hashing.max_blocks)
@@ -23,5 +21,4 @@ def route_request(parsed: ParsedRequest, hashing: HashingConfig, request_id: str
         prompt_tokens=parsed.prompt_tokens,
         max_tokens=parsed.max_tokens or default_max_tokens,
         block_tokens=hashing.block_tokens if parsed.tokens is not None else hashing.text_block_tokens,
-        arrived_s=arrived_s,
     )

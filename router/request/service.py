@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import random
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,7 +156,7 @@ class RouterService:
             parsed = await self.tokenizer.apply(parsed)
             self.admission.check(parsed)  # with the exact token count of the (first) prompt
         request_id = assign_request_id(request.scope)
-        req = route_request(parsed, self.config.hashing, new_id(), self.config.policy.default_max_tokens, time.monotonic())
+        req = route_request(parsed, self.config.hashing, new_id(), self.config.policy.default_max_tokens)
         headers = upstream_headers(request.headers, request_id)
         if not self.forward_authorization:
             headers.pop("authorization", None)

@@ -39,14 +39,11 @@ class RouteRequest:
     # per instance, seconds from now when store loads booked there wait for their last token
     # (StoreTier.landings; priced by store_cost.landing_delay_s), None without a store tier
     landings: Mapping[str, tuple[float, ...]] | None = None
-    # when it arrived (monotonic live, virtual in a replay): the policy's arrival rate
-    # (arrivals.py); None for a request that is not an arrival (/debug/route, a retry)
-    arrived_s: float | None = None
 
     def with_population(self, population: tuple[int, int]) -> RouteRequest:
         """This request with its pool's ``population`` (``dataclasses.replace`` costs 3x)."""
         return RouteRequest(self.id, self.keys, self.prompt_tokens, self.max_tokens, self.block_tokens, population,
-                            self.store, self.landings, self.arrived_s)
+                            self.store, self.landings)
 
 
 @quick_init

@@ -11,11 +11,7 @@ re-miss evicts in turn; 0 where the store does not measure it). Both are priced 
 prefill time on that instance (``displacement`` x tokens / rate). A non-holder is kept only when its
 estimated TTFT plus that cost still beats the best holder: hot-spot replication, when the
 holders' queues outgrow what the copy costs; otherwise the prefix stays home, and the
-scorers choose among its holders. A copy's recompute also delays the requests that arrive
-at that instance while it runs: lambda x S^2 / 2 for S seconds of duplicated prefill and
-lambda the instance's share of the arrival rate (the second-moment term of an M/G/1
-queue's wait; arrivals.py). Small for a short prefix or a quiet pool; in a burst, or for
-a long document, it keeps the copy from stalling everything behind it. A prefix nobody holds (reason ``room``) goes where its
+scorers choose among its holders. A prefix nobody holds (reason ``room``) goes where its
 TTFT plus what it evicts there costs the least: free room first (``_place_new``).
 
 ``rendezvous`` (picker): highest total, and among the near-ties the instance with the
@@ -37,7 +33,6 @@ import xxhash
 from pydantic import Field
 
 from router.config.model import TTFTWeights
-from router.scheduling.arrivals import ArrivalRate
 from router.scheduling.framework import RouteRequest, View
 from router.scheduling.registry import BuildContext, Params, plugin
 from router.scheduling.scorers import TTFTScorer, shared_ttft
@@ -56,16 +51,11 @@ def copy_tokens(duplicated: float, room: tuple[int, float, float], block: int) -
 class CacheRoomFilter:
     name = "cache_room"
 
-    def __init__(self, weights: TTFTWeights, displacement: float, ttft: TTFTScorer | None = None,
-                 arrivals: ArrivalRate | None = None, externality: float = 1.0) -> None:
-        """``ttft``: the policy's estimator (its ttft scorer), so routes are priced once;
-        ``arrivals``: the policy's arrival rate (None: a copy's delay to later arrivals is
-        not priced), weighed by ``externality``."""
+    def __init__(self, weights: TTFTWeights, displacement: float, ttft: TTFTScorer | None = None) -> None:
+        """``ttft``: the policy's estimator (its ttft scorer), so routes are priced once."""
         self._ttft = ttft or TTFTScorer(weights)
         self._default_rate = weights.prefill_tokens_per_s
         self._displacement = displacement
-        self._arrivals = arrivals if externality > 0 else None
-        self._externality = externality
 
     def displacement_s(self, req: RouteRequest, route: View, held: float) -> float:
         """What a copy on ``route`` costs beyond its own TTFT: it computes the tokens it
@@ -117,18 +107,7 @@ class CacheRoomFilter:
         kept = [r for r, t in zip(routes, totals) if t <= best]
         return kept, ("room" if len(kept) < len(routes) else None)
 
-    def _later(self, req: RouteRequest, routes: Sequence[View]) -> float:
-        """Requests per second arriving at one instance (its share of the pool's), times the
-        externality weight; 0 when not priced."""
-        arrivals = self._arrivals
-        if arrivals is None:
-            return 0.0
-        n = req.population[1] if req.population is not None else len(routes)
-        return self._externality * arrivals.per_second() / n
-
     def keep(self, req: RouteRequest, routes: Sequence[View]) -> tuple[list[View], str | None]:
-        if self._arrivals is not None and req.arrived_s is not None:  # every arrival counts, copy or not
-            self._arrivals.tick(req.id, req.arrived_s)
         # View.prefilling.expected_cached_tokens, inlined (it runs for every candidate)
         prompt, block = req.prompt_tokens, req.block_tokens
         prefilling = [r.prefill or r for r in routes]
@@ -138,7 +117,6 @@ class CacheRoomFilter:
         if held < block:  # nobody holds this prefix: its home is where it displaces the least
             return self._place_new(req, routes, prefilling, cached)
         estimates = self._ttft.estimates(req, routes)
-        later = self._later(req, routes)
         floor = held - block  # a block short of the deepest still counts as a holder
         home = min(e for e, c in zip(estimates, cached) if c >= floor)
         kept: list[View] = []
@@ -151,11 +129,7 @@ class CacheRoomFilter:
             if store:
                 cost = self.displacement_s(req, r, held)
             else:  # displacement_s without a store, inlined: c < floor, so held - c > 0
-                r_rate = p.candidate.prefill_tokens_per_s or rate
-                cost = price * (copy_tokens(held - c, p.room, block) / r_rate)
-                if later:  # the arrivals behind the recompute wait for it: lambda S^2 / 2
-                    redo = (held - c) / r_rate
-                    cost += later * redo * redo / 2
+                cost = price * (copy_tokens(held - c, p.room, block) / (p.candidate.prefill_tokens_per_s or rate))
             if e + cost < home:
                 kept.append(r)
                 copies += 1
@@ -197,8 +171,6 @@ class RendezvousPicker:
 
 class CacheRoomParams(Params):
     displacement: float = Field(default=1.0, ge=0, description="price of the tokens a copy evicts, as a multiple of re-prefilling them")
-    externality: float = Field(default=1.0, ge=0, description="weight of the delay a copy's recompute causes the requests arriving "
-                               "behind it (arrival share x seconds^2 / 2); 0 = not priced")
 
 
 class RendezvousParams(Params):
@@ -208,7 +180,7 @@ class RendezvousParams(Params):
 @plugin("filter", "cache_room", CacheRoomParams)
 def cache_room(params: CacheRoomParams, ctx: BuildContext) -> CacheRoomFilter:
     """Keep a prefix at its holders unless a copy's TTFT gain pays for the cache it displaces."""
-    return CacheRoomFilter(ctx.policy.ttft, params.displacement, shared_ttft(ctx), ArrivalRate(), params.externality)
+    return CacheRoomFilter(ctx.policy.ttft, params.displacement, shared_ttft(ctx))
 
 
 @plugin("picker", "rendezvous", RendezvousParams)

@@ -247,7 +247,7 @@ class Simulation:
         tr = self.trace.requests[i]
         tokens = self._prompts.tokens(tr)
         req = RouteRequest(f"r{i}", self._prompts.keys(tr, tokens), tr.input_tokens, tr.output_tokens,
-                           self._prompts.router_block_tokens, arrived_s=self.now)
+                           self._prompts.router_block_tokens)
         routed = run_sync(decide(self.store, self.policy, req, self._candidates, tier=self.tier))
         d = routed.decision
         answer = self._by_id[d.instance]
