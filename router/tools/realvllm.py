@@ -20,12 +20,12 @@ import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from router.tools.process import read_tail
+from router.tools.process import free_port, read_tail
 
 VLLM_PYTHON_ENV = "PD_ROUTER_VLLM_PYTHON"
 SERVED_NAME = "tiny"
@@ -154,18 +154,47 @@ def engine_cores(n: int, available: list[int] | None = None) -> list[int | None]
     return list(cores[:n])
 
 
-def start_all(python: str, model_dir: Path, specs: list[VllmSpec], log_dir: Path,
-              timeout_s: float = 360.0) -> list[VllmEngine]:
-    """Start every engine at once (start-up is minutes; in parallel it is one wait), all ready
-    or all stopped. Each engine's compute threads get a core of their own (``engine_cores``)."""
-    cores = engine_cores(len(specs))
-    engines = [start(python, model_dir, spec, log_dir, core) for spec, core in zip(specs, cores)]
+PORT_TAKEN = b"Address already in use"
+
+
+def lost_a_port(engine: VllmEngine) -> bool:
+    """The engine exited because a port it was given was taken between being chosen free and
+    being bound (another process's ephemeral socket: the ports are chosen before the start)."""
+    if engine.process.poll() is None:
+        return False
     try:
-        with ThreadPoolExecutor(len(engines)) as pool:
-            for future in [pool.submit(wait_ready, e, timeout_s) for e in engines]:
-                future.result()
-    except BaseException:
-        for engine in engines:
-            engine.stop()
-        raise
-    return engines
+        return PORT_TAKEN in engine.log_path.read_bytes()
+    except OSError:
+        return False
+
+
+def fresh_ports(spec: VllmSpec) -> VllmSpec:
+    """``spec`` with every port chosen free again."""
+    return replace(spec, port=free_port(), kv_events_port=free_port(),
+                   kv_replay_port=free_port() if spec.kv_replay_port is not None else None)
+
+
+def start_all(python: str, model_dir: Path, specs: list[VllmSpec], log_dir: Path,
+              timeout_s: float = 360.0, attempts: int = 3) -> list[VllmEngine]:
+    """Start every engine at once (start-up is minutes; in parallel it is one wait), all ready
+    or all stopped. Each engine's compute threads get a core of their own (``engine_cores``).
+    An engine that lost one of its ports to another process before binding it starts again
+    on fresh ports (up to ``attempts`` starts in all); the returned engines carry the ports
+    they run on."""
+    cores = engine_cores(len(specs))
+    for attempt in range(attempts):
+        engines = [start(python, model_dir, spec, log_dir, core) for spec, core in zip(specs, cores)]
+        try:
+            with ThreadPoolExecutor(len(engines)) as pool:
+                for future in [pool.submit(wait_ready, e, timeout_s) for e in engines]:
+                    future.result()
+        except BaseException as exc:
+            for engine in engines:
+                engine.stop()
+            lost = [lost_a_port(e) for e in engines]
+            if attempt + 1 < attempts and isinstance(exc, RuntimeError) and any(lost):
+                specs = [fresh_ports(spec) if gone else spec for spec, gone in zip(specs, lost)]
+                continue
+            raise
+        return engines
+    raise AssertionError("unreachable")
