@@ -37,6 +37,13 @@ def _independent(ctx: BuildContext, prefill: PipelineConfig, decode: PipelineCon
     return ProfilesConfig(prefill=prefill, decode=decode or _least_loaded())
 
 
+def _bounded_load(ctx: BuildContext) -> PluginRef:
+    """The bounded-load filter with policy.ttft's bound (the ttft presets share it)."""
+    w = ctx.policy.ttft
+    return _ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack,
+                keep_tokens=w.bounded_load_keep_tokens)
+
+
 def _pd_ttft(ctx: BuildContext) -> PipelineConfig:
     w = ctx.policy.ttft
     # For routes, tie_tolerance has always meant "cost within (1 + tol) of the best",
@@ -52,8 +59,7 @@ def ttft(params: NoParams, ctx: BuildContext) -> PolicySpec:
     if ctx.pd is not None:
         return _pd_ttft(ctx)
     return PipelineConfig(
-        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack,
-                              keep_tokens=w.bounded_load_keep_tokens), _ref("cache_room")],
+        filters=[_bounded_load(ctx), _ref("cache_room")],
         scorers=[_scorer("ttft")],
         picker=_ref("rendezvous", tolerance=w.tie_tolerance),
     )
@@ -66,8 +72,7 @@ def ttft_spread(params: NoParams, ctx: BuildContext) -> PolicySpec:
     if ctx.pd is not None:
         return _pd_ttft(ctx)
     return PipelineConfig(
-        filters=[_ref("bounded_load", factor=w.bounded_load_factor, slack=w.bounded_load_slack,
-                              keep_tokens=w.bounded_load_keep_tokens)],
+        filters=[_bounded_load(ctx)],
         scorers=[_scorer("ttft")],
         picker=_ref("max_score", tolerance=w.tie_tolerance),
     )

@@ -158,10 +158,8 @@ PORT_TAKEN = b"Address already in use"
 
 
 def lost_a_port(engine: VllmEngine) -> bool:
-    """The engine exited because a port it was given was taken between being chosen free and
+    """The engine's log says a port it was given was taken between being chosen free and
     being bound (another process's ephemeral socket: the ports are chosen before the start)."""
-    if engine.process.poll() is None:
-        return False
     try:
         return PORT_TAKEN in engine.log_path.read_bytes()
     except OSError:
@@ -181,6 +179,8 @@ def start_all(python: str, model_dir: Path, specs: list[VllmSpec], log_dir: Path
     An engine that lost one of its ports to another process before binding it starts again
     on fresh ports (up to ``attempts`` starts in all); the returned engines carry the ports
     they run on."""
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
     cores = engine_cores(len(specs))
     for attempt in range(attempts):
         engines = [start(python, model_dir, spec, log_dir, core) for spec, core in zip(specs, cores)]
